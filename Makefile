@@ -1,0 +1,51 @@
+# meshserve: every command a person or CI needs. `make run` and `make test` set up what they use.
+SHELL := /bin/bash
+PYTHON_SYS ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+MODELS_STAMP := models/.built
+PYTEST_ARGS ?=
+
+.PHONY: setup run test bench bench-peers protos protos-check models lint clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON_SYS) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[model,train,dev]'
+	@touch $(STAMP)
+
+models: $(MODELS_STAMP)
+
+$(MODELS_STAMP): $(STAMP) models/build.py models/fraud_mlp.py models/digits_cnn.py
+	$(PY) -m models.build
+	@touch $(MODELS_STAMP)
+
+protos: $(STAMP)
+	$(PY) tools/gen_protos.py
+
+protos-check: $(STAMP)
+	$(PY) tools/gen_protos.py --check
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(PY) tools/gen_protos.py --check
+
+test: setup models
+	$(VENV)/bin/ruff check .
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+run: setup models
+	$(PY) tools/run_model_demo.py
+
+bench: setup models
+	$(PY) -m bench.model_service
+
+bench-peers: setup models
+	$(PY) -m bench.peers
+
+clean:
+	rm -rf $(VENV) $(MODELS_STAMP) models/*/[0-9]*/

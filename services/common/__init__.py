@@ -1,0 +1,1 @@
+"""Runtime shared by every meshserve service."""

@@ -1,0 +1,47 @@
+"""Domain exceptions, each carrying the gRPC status the mesh should see (one place, see interceptors)."""
+
+from __future__ import annotations
+
+import grpc
+
+
+class MeshserveError(Exception):
+    """Base of every error a client may see; `code` is its gRPC status."""
+
+    code: grpc.StatusCode = grpc.StatusCode.INTERNAL
+
+
+class InvalidArgument(MeshserveError):
+    """Bad input: never retried."""
+
+    code = grpc.StatusCode.INVALID_ARGUMENT
+
+
+class NotFound(MeshserveError):
+    """Unknown model, version or pipeline."""
+
+    code = grpc.StatusCode.NOT_FOUND
+
+
+class ResourceExhausted(MeshserveError):
+    """Shed under overload; retryable on another replica."""
+
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+class Unavailable(MeshserveError):
+    """Not ready or draining; retryable."""
+
+    code = grpc.StatusCode.UNAVAILABLE
+
+
+class DeadlineExceeded(MeshserveError):
+    """The caller's deadline passed before the work could be done."""
+
+    code = grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+class Internal(MeshserveError):
+    """A fault of ours (e.g. a model that raised during forward)."""
+
+    code = grpc.StatusCode.INTERNAL

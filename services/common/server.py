@@ -1,0 +1,135 @@
+"""The one gRPC server factory and lifecycle: interceptors, limits, health, reflection, graceful drain."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import Awaitable, Callable, Sequence
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from services.common.interceptors import ErrorAndMetricsInterceptor, TracingInterceptor
+from services.common.metrics import start_metrics_server
+from services.common.settings import ServiceSettings
+from services.common.tracing import setup_tracing, shutdown_tracing
+
+log = logging.getLogger(__name__)
+
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+class Lifecycle:
+    """What the service is doing now: readiness and draining, read by ServerReady-style RPCs."""
+
+    def __init__(self) -> None:
+        self.ready = False
+        self.draining = False
+
+
+def server_options(settings: ServiceSettings) -> list[tuple[str, int]]:
+    """Channel arguments: message-size limits and keepalive (pings allowed from Envoy's idle connections)."""
+    options = [
+        ("grpc.max_receive_message_length", settings.max_message_bytes),
+        ("grpc.max_send_message_length", settings.max_message_bytes),
+        ("grpc.keepalive_time_ms", int(settings.keepalive_time_s * 1000)),
+        ("grpc.keepalive_timeout_ms", int(settings.keepalive_timeout_s * 1000)),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_pings_without_data", 0),
+        ("grpc.http2.min_ping_interval_without_data_ms", 5000),
+        ("grpc.so_reuseport", 1 if settings.reuse_port else 0),
+    ]
+    return options
+
+
+class GrpcService:
+    """Owns one grpc.aio server: build it, add servicers, start, report health, drain on SIGTERM, stop.
+
+    Health is NOT_SERVING until `set_serving(True)` (e.g. models loaded and warmed), and turns
+    NOT_SERVING again the moment SIGTERM arrives, before in-flight requests drain.
+    """
+
+    def __init__(self, name: str, settings: ServiceSettings, service_names: Sequence[str]) -> None:
+        self.name = name
+        self.settings = settings
+        self.service_names = list(service_names)
+        self.lifecycle = Lifecycle()
+        self.tracer_provider = setup_tracing(name)
+        interceptors: list[grpc.aio.ServerInterceptor] = [ErrorAndMetricsInterceptor(name)]
+        if self.tracer_provider is not None:
+            interceptors.append(TracingInterceptor(self.tracer_provider))
+        self.server = grpc.aio.server(
+            interceptors=interceptors,
+            options=server_options(settings),
+            maximum_concurrent_rpcs=settings.max_concurrent_rpcs,
+        )
+        self.health = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        reflection.enable_server_reflection(
+            [*self.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], self.server
+        )
+        self.port: int | None = None
+        self.metrics_port: int | None = None
+        self._stop = asyncio.Event()
+
+    async def start(self) -> int:
+        """Bind and start serving (health NOT_SERVING until set_serving(True)); returns the gRPC port."""
+        await self.set_serving(False)
+        self.port = self.server.add_insecure_port(f"{self.settings.host}:{self.settings.port}")
+        if self.port == 0:
+            raise RuntimeError(f"{self.name}: cannot bind {self.settings.host}:{self.settings.port}")
+        await self.server.start()
+        self.metrics_port = start_metrics_server(self.settings.metrics_port, self.settings.host)
+        log.info("%s listening on %s:%d", self.name, self.settings.host, self.port)
+        return self.port
+
+    async def set_serving(self, serving: bool) -> None:
+        status = SERVING if serving and not self.lifecycle.draining else NOT_SERVING
+        self.lifecycle.ready = status == SERVING
+        for service in ("", *self.service_names):
+            await self.health.set(service, status)
+
+    def install_signal_handlers(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.request_stop)
+
+    def request_stop(self) -> None:
+        """Begin shutdown: readiness drops at once (synchronously, before any await)."""
+        if not self.lifecycle.draining:
+            log.info("%s: stop requested, draining", self.name)
+        self.lifecycle.draining = True
+        self.lifecycle.ready = False
+        self._stop.set()
+
+    async def drain(self) -> None:
+        """NOT_SERVING, optional delay while still accepting, then refuse new RPCs and let in-flight finish."""
+        self.lifecycle.draining = True
+        await self.set_serving(False)
+        if self.settings.shutdown_delay_s > 0:
+            await asyncio.sleep(self.settings.shutdown_delay_s)
+        await self.server.stop(self.settings.grace_period_s)
+        shutdown_tracing(self.tracer_provider)
+        log.info("%s stopped", self.name)
+
+    async def run(
+        self,
+        on_start: Callable[[], Awaitable[None]] | None = None,
+        on_stop: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        """The whole lifecycle: start, on_start (load; then SERVING), wait for SIGTERM, drain, on_stop."""
+        self.install_signal_handlers()
+        await self.start()
+        try:
+            if on_start is not None:
+                await on_start()
+            if not self.lifecycle.draining:
+                await self.set_serving(True)
+            await self._stop.wait()
+        finally:
+            await self.drain()
+            if on_stop is not None:
+                await on_stop()

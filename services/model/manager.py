@@ -1,0 +1,221 @@
+"""Loads, switches and retires model versions: version policy, atomic switch, drain before unload."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+
+from services.common.errors import InvalidArgument, MeshserveError, NotFound, Unavailable
+from services.model.backends.base import get_backend
+from services.model.config import ModelConfig
+from services.model.repository import ModelRepository
+from services.model.stats import set_state_metric
+from services.model.version import ModelVersion, warm_up
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class VersionStatus:
+    state: str  # LOADING, READY, UNLOADING, UNAVAILABLE
+    reason: str = ""
+
+
+@dataclass
+class ModelEntry:
+    """Everything known about one model name; `ready` is swapped as a whole, never mutated in place."""
+
+    name: str
+    ready: dict[int, ModelVersion] = field(default_factory=dict)
+    status: dict[int, VersionStatus] = field(default_factory=dict)
+    fingerprints: dict[int, str] = field(default_factory=dict)
+    reason: str = ""  # model-level problem (e.g. invalid config)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    @property
+    def newest(self) -> ModelVersion | None:
+        return self.ready[max(self.ready)] if self.ready else None
+
+
+class ModelManager:
+    """The set of served models; every public method runs on the event loop."""
+
+    def __init__(self, repository: ModelRepository, drain_timeout_s: float = 30.0) -> None:
+        self.repository = repository
+        self.drain_timeout_s = drain_timeout_s
+        self.models: dict[str, ModelEntry] = {}
+        self._retiring: set[asyncio.Task[None]] = set()
+
+    # -- lookups (hot path) ---------------------------------------------------------------------------
+
+    def get(self, name: str, version: str = "") -> ModelVersion:
+        """The version to serve a request: the asked one, or the newest ready one."""
+        entry = self.models.get(name)
+        if entry is None:
+            raise NotFound(f"unknown model '{name}'; RepositoryIndex lists the models")
+        if not version:
+            newest = entry.newest
+            if newest is None:
+                why = entry.reason or "; ".join(f"v{v}: {s.state} {s.reason}" for v, s in entry.status.items())
+                raise Unavailable(f"model '{name}' has no ready version ({why or 'not loaded'})")
+            return newest
+        try:
+            number = int(version)
+        except ValueError:
+            raise NotFound(f"model '{name}' has no version '{version}' (versions are integers)") from None
+        mv = entry.ready.get(number)
+        if mv is None:
+            status = entry.status.get(number)
+            if status is not None and status.state == "LOADING":
+                raise Unavailable(f"model '{name}' version {number} is still loading")
+            ready = ", ".join(str(v) for v in sorted(entry.ready)) or "none"
+            raise NotFound(f"model '{name}' has no ready version {number} (ready: {ready})")
+        return mv
+
+    def is_ready(self, name: str, version: str = "") -> bool:
+        try:
+            self.get(name, version)
+            return True
+        except MeshserveError:
+            return False
+
+    def index(self) -> list[tuple[str, str, str, str]]:
+        """(model, version, state, reason) for every model and version known, plus unloaded models."""
+        rows: list[tuple[str, str, str, str]] = []
+        names = sorted(set(self.models) | set(self.repository.model_names()))
+        for name in names:
+            entry = self.models.get(name)
+            if entry is None:
+                rows.append((name, "", "UNAVAILABLE", "not loaded"))
+                continue
+            if not entry.status:
+                rows.append((name, "", "UNAVAILABLE", entry.reason or "unloaded"))
+            for v in sorted(entry.status):
+                st = entry.status[v]
+                reason = st.reason or (entry.reason if st.state == "READY" and entry.reason else "")
+                rows.append((name, str(v), st.state, reason))
+        return rows
+
+    # -- load / unload ---------------------------------------------------------------------------------
+
+    async def load_all(self, names: list[str] | None = None) -> None:
+        """Load every model of the repository (or the given ones); failures are logged, not raised."""
+        for name in names or self.repository.model_names():
+            try:
+                await self.load(name)
+            except MeshserveError as exc:
+                log.error("model %s failed to load: %s", name, exc)
+
+    async def load(self, name: str) -> None:
+        """(Re)load a model: new or changed versions load and warm up, then switch in atomically; versions
+        that left the policy drain and unload. A broken version never replaces the working ones."""
+        entry = self.models.setdefault(name, ModelEntry(name))
+        async with entry.lock:
+            try:
+                config = self.repository.read_config(name)
+            except MeshserveError as exc:
+                entry.reason = str(exc)
+                log.error("%s", exc)
+                raise
+            available = self.repository.versions(name)
+            desired = config.version_policy.select(available)
+            if not desired:
+                entry.reason = f"no version folder of '{name}' matches its version_policy (on disk: {available})"
+                raise InvalidArgument(entry.reason)
+            loaded: dict[int, ModelVersion] = {}
+            failures: dict[int, str] = {}
+            for version in desired:
+                fingerprint = self.repository.fingerprint(name, version)
+                if version in entry.ready and entry.fingerprints.get(version) == fingerprint:
+                    continue
+                previous = entry.status.get(version)
+                entry.status[version] = VersionStatus("LOADING")
+                set_state_metric(name, version, "LOADING")
+                try:
+                    loaded[version] = await self._load_version(config, version)
+                    entry.fingerprints[version] = fingerprint
+                except Exception as exc:
+                    failures[version] = f"failed to load: {exc}"
+                    log.error("model %s version %d failed to load: %s", name, version, exc)
+                    if version in entry.ready:  # the working copy keeps serving
+                        entry.status[version] = previous or VersionStatus("READY")
+                        entry.status[version].reason = f"reload failed, still serving the previous copy: {exc}"
+                        set_state_metric(name, version, "READY")
+                    else:
+                        entry.status[version] = VersionStatus("UNAVAILABLE", failures[version])
+                        set_state_metric(name, version, "UNAVAILABLE")
+            old = entry.ready
+            if failures:
+                new_ready = {**old, **loaded}
+            else:
+                new_ready = {v: loaded.get(v) or old[v] for v in desired}
+            entry.ready = new_ready  # the atomic switch
+            for version, mv in loaded.items():
+                entry.status[version] = VersionStatus("READY")
+                set_state_metric(name, version, "READY")
+                log.info("model %s version %d ready (%s)", name, version, mv.model.device)
+            entry.reason = ""
+            for version, mv in old.items():
+                if new_ready.get(version) is not mv:
+                    self._retire(entry, version, mv, replaced=version in new_ready)
+            if failures:
+                summary = "; ".join(f"version {v} {why}" for v, why in failures.items())
+                raise InvalidArgument(f"model '{name}': {summary}")
+
+    async def unload(self, name: str) -> None:
+        """Stop serving every version of a model; in-flight requests finish first."""
+        entry = self.models.get(name)
+        if entry is None:
+            raise NotFound(f"unknown model '{name}'")
+        async with entry.lock:
+            old, entry.ready = entry.ready, {}
+            entry.fingerprints.clear()
+            entry.reason = "unloaded"
+            for version, mv in old.items():
+                self._retire(entry, version, mv, replaced=False)
+        await self.wait_retired()
+
+    async def close(self) -> None:
+        """Unload everything (after the server drained)."""
+        for name in list(self.models):
+            await self.unload(name)
+
+    async def wait_retired(self) -> None:
+        if self._retiring:
+            await asyncio.gather(*self._retiring, return_exceptions=True)
+
+    async def _load_version(self, config: ModelConfig, version: int) -> ModelVersion:
+        backend = get_backend(config.backend)
+        version_dir = self.repository.version_dir(config.name, version)
+
+        def load_and_warm():  # worker thread: never block the event loop on disk or compute
+            model = backend.load(version_dir, config, version)
+            try:
+                warm_up(model, config)
+            except Exception:
+                model.unload()
+                raise
+            return model
+
+        model = await asyncio.to_thread(load_and_warm)
+        return ModelVersion(config, version, model, backend.platform)
+
+    def _retire(self, entry: ModelEntry, version: int, mv: ModelVersion, replaced: bool) -> None:
+        if not replaced:
+            entry.status[version] = VersionStatus("UNLOADING")
+            set_state_metric(entry.name, version, "UNLOADING")
+
+        async def retire() -> None:
+            drained = await mv.drain(self.drain_timeout_s)
+            if not drained:
+                log.warning("%s v%d: %d requests still in flight after drain timeout", mv.name, version, mv.inflight)
+            await asyncio.to_thread(mv.close)
+            if not replaced and version not in entry.ready:
+                entry.status.pop(version, None)
+                set_state_metric(entry.name, version, None)
+            log.info("model %s version %d unloaded%s", mv.name, version, " (replaced)" if replaced else "")
+
+        task = asyncio.get_running_loop().create_task(retire())
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)

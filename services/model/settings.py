@@ -1,0 +1,27 @@
+"""Settings of the model service (`MESHSERVE_MODEL_*`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
+
+from services.common.settings import ServiceSettings
+
+
+class ModelServiceSettings(ServiceSettings):
+    """`python -m services.model` reads these from the environment."""
+
+    model_config = SettingsConfigDict(env_prefix="MESHSERVE_MODEL_", extra="ignore", frozen=True)
+
+    port: int = Field(8001, ge=0, le=65535, description="gRPC port.")
+    metrics_port: int = Field(9001, ge=0, le=65535, description="Prometheus /metrics port (0 disables).")
+    repository: Path = Field(Path("models"), description="Model repository root (Triton layout).")
+    models: list[str] = Field(
+        default_factory=list, description="Models to load at start (JSON list); empty loads every model."
+    )
+    watch: bool = Field(True, description="Watch the repository and hot-reload changed models.")
+    watch_debounce_ms: int = Field(500, ge=50, description="Quiet time after a change before reloading.")
+    watch_force_polling: bool = Field(False, description="Poll instead of inotify (network filesystems).")
+    torch_threads: int = Field(0, ge=0, description="torch intra-op threads per process (0: torch's default).")

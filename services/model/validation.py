@@ -1,0 +1,60 @@
+"""Checks a request's decoded inputs against the model config: names, dtypes, shapes, batch size, NaN/Inf."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from services.common.errors import InvalidArgument
+from services.common.tensor_codec import datatype_of
+from services.model.config import FLOAT_DATATYPES
+from services.model.version import ModelVersion
+
+
+def validate_inputs(mv: ModelVersion, inputs: dict[str, np.ndarray]) -> int:
+    """Raise InvalidArgument naming the tensor and what is wrong; return the request's batch rows."""
+    config = mv.config
+    where = f"model '{mv.name}' v{mv.version}"
+    specs = config.inputs
+    if len(inputs) != len(specs) or any(spec.name not in inputs for spec in specs):
+        expected = [s.name for s in specs]
+        missing = [n for n in expected if n not in inputs]
+        unknown = [n for n in inputs if n not in expected]
+        parts = []
+        if missing:
+            parts.append(f"missing input(s) {missing}")
+        if unknown:
+            parts.append(f"unknown input(s) {unknown}")
+        raise InvalidArgument(f"{where}: {', '.join(parts)}; expected inputs {expected}")
+    batched = config.max_batch_size > 0
+    rows = 1
+    for i, spec in enumerate(specs):
+        array = inputs[spec.name]
+        datatype = datatype_of(array)
+        if datatype != spec.datatype:
+            raise InvalidArgument(f"{where}: input '{spec.name}' has datatype {datatype}, expected {spec.datatype}")
+        shape = array.shape
+        dims = shape[1:] if batched else shape
+        if batched:
+            if len(shape) < 1 or shape[0] < 1:
+                raise InvalidArgument(
+                    f"{where}: input '{spec.name}' shape {list(shape)} needs a batch dimension first, then {spec.dims}"
+                )
+            if i == 0:
+                rows = shape[0]
+            elif shape[0] != rows:
+                raise InvalidArgument(
+                    f"{where}: input '{spec.name}' has batch size {shape[0]}, but '{specs[0].name}' has {rows}"
+                )
+        if len(dims) != len(spec.dims) or any(d != e and e != -1 for d, e in zip(dims, spec.dims, strict=False)):
+            want = ["batch", *spec.dims] if batched else spec.dims
+            raise InvalidArgument(f"{where}: input '{spec.name}' has shape {list(shape)}, expected {want}")
+        if spec.datatype in FLOAT_DATATYPES and not spec.allow_nan:
+            finite = np.isfinite(array.astype(np.float32) if spec.datatype == "BF16" else array)
+            if not finite.all():
+                bad = int(array.size - np.count_nonzero(finite))
+                raise InvalidArgument(
+                    f"{where}: input '{spec.name}' holds {bad} NaN/Inf value(s); this model does not accept them"
+                )
+    if batched and rows > mv.max_rows:
+        raise InvalidArgument(f"{where}: batch of {rows} rows is over max_batch_size {mv.max_rows}; split it")
+    return rows

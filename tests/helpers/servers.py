@@ -1,0 +1,96 @@
+"""Start real meshserve service processes on free loopback ports and wait until they are healthy."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def health_status(address: str, service: str = "", timeout: float = 1.0) -> int | None:
+    """The grpc.health.v1 status (SERVING=1, NOT_SERVING=2), or None when nothing answers."""
+    with grpc.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        try:
+            return stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout).status
+        except grpc.RpcError:
+            return None
+
+
+@dataclass
+class ServiceProcess:
+    process: subprocess.Popen[bytes]
+    address: str
+    metrics_port: int
+    log_path: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_serving(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"service exited with {self.process.returncode}:\n{self.log()}")
+            if health_status(self.address) == health_pb2.HealthCheckResponse.SERVING:
+                return
+            time.sleep(0.1)
+        raise TimeoutError(f"service at {self.address} not SERVING after {timeout}s:\n{self.log()}")
+
+    def terminate(self, timeout: float = 30.0) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return int(self.process.returncode)
+
+
+@contextmanager
+def model_service(repo: Path, log_dir: Path, **env: str) -> Iterator[ServiceProcess]:
+    """`python -m services.model` on `repo`, SERVING before the body runs, SIGTERM after."""
+    port, metrics_port = free_port(), free_port()
+    environ = {
+        **os.environ,
+        "MESHSERVE_MODEL_REPOSITORY": str(repo),
+        "MESHSERVE_MODEL_HOST": "127.0.0.1",
+        "MESHSERVE_MODEL_PORT": str(port),
+        "MESHSERVE_MODEL_METRICS_PORT": str(metrics_port),
+        "MESHSERVE_MODEL_WATCH_DEBOUNCE_MS": "200",
+        "MESHSERVE_MODEL_GRACE_PERIOD_S": "20",
+        "OTEL_SDK_DISABLED": "true",
+        "PYTHONUNBUFFERED": "1",
+        **env,
+    }
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_path = log_dir / f"model-{port}.log"
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "services.model"], cwd=ROOT, env=environ, stdout=log, stderr=subprocess.STDOUT
+        )
+    service = ServiceProcess(process, f"127.0.0.1:{port}", metrics_port, log_path)
+    try:
+        service.wait_serving()
+        yield service
+    finally:
+        service.terminate()
