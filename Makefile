@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 
 models: $(MODELS_STAMP)
 
-$(MODELS_STAMP): $(STAMP) models/build.py models/fraud_mlp.py models/digits_cnn.py
+$(MODELS_STAMP): $(STAMP) models/build.py models/fraud_mlp.py models/digits_cnn.py models/fraud_mlp/config.yaml models/digits_cnn/config.yaml
 	$(PY) -m models.build
 	@touch $(MODELS_STAMP)
 
@@ -34,9 +34,12 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(PY) tools/gen_protos.py --check
 
+# Two pytest processes: unit tests import services.protos, integration tests import tritonclient, and both
+# define the protobuf package `inference`, which one process cannot hold twice.
 test: setup models
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+	$(PY) -m pytest tests/integration $(PYTEST_ARGS)
 
 run: setup models
 	$(PY) tools/run_model_demo.py
