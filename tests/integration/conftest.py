@@ -36,8 +36,14 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
         {
             "name": "multi",
             "max_batch_size": 0,
-            "inputs": [{"name": "a", "datatype": "FP32", "dims": [2, 3]}, {"name": "b", "datatype": "INT64", "dims": [2]}],
-            "outputs": [{"name": "a2", "datatype": "FP32", "dims": [2, 3]}, {"name": "b1", "datatype": "INT64", "dims": [2]}],
+            "inputs": [
+                {"name": "a", "datatype": "FP32", "dims": [2, 3]},
+                {"name": "b", "datatype": "INT64", "dims": [2]},
+            ],
+            "outputs": [
+                {"name": "a2", "datatype": "FP32", "dims": [2, 3]},
+                {"name": "b1", "datatype": "INT64", "dims": [2]},
+            ],
         },
         {1: MultiIO()},
     )

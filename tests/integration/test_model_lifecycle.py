@@ -92,9 +92,7 @@ class Load:
 
 def test_hot_reload_under_load_without_failures(tmp_path: Path) -> None:
     repo = tmp_path / "repo"
-    model_dir = write_model(
-        repo, "m", mlp_config("m", dynamic_batching={"max_queue_delay_us": 100}), {1: Mlp(1)}
-    )
+    model_dir = write_model(repo, "m", mlp_config("m", dynamic_batching={"max_queue_delay_us": 100}), {1: Mlp(1)})
     with model_service(repo, tmp_path / "logs") as server:
         client = triton.InferenceServerClient(server.address)
         with Load(server.address, "m") as load:
@@ -109,7 +107,9 @@ def test_hot_reload_under_load_without_failures(tmp_path: Path) -> None:
             (model_dir / "3").mkdir()
             (model_dir / "3" / "model.pt").write_bytes(b"not a torchscript archive")
             wait_until(
-                lambda: any(m.version == "3" and m.state == "UNAVAILABLE" for m in client.get_model_repository_index().models),
+                lambda: any(
+                    m.version == "3" and m.state == "UNAVAILABLE" for m in client.get_model_repository_index().models
+                ),
                 what="v3 reported broken",
             )
             seen = len(load.answers)
@@ -174,7 +174,9 @@ def test_queue_limit_and_deadlines(tmp_path: Path) -> None:
         with ThreadPoolExecutor(3) as pool:
             slow = pool.submit(infer, client, "slow", x, 60)
             wait_until(
-                lambda: metric(server.metrics_port, "meshserve_model_pending_requests", 'model="slow",version="1"') >= 1,
+                lambda: (
+                    metric(server.metrics_port, "meshserve_model_pending_requests", 'model="slow",version="1"') >= 1
+                ),
                 what="the slow request in flight",
             )
             hurried = [pool.submit(infer, client, "slow", x, 0.01) for _ in range(2)]
@@ -202,7 +204,9 @@ def test_sigterm_drains_admitted_requests(tmp_path: Path) -> None:
         with ThreadPoolExecutor(16) as pool:
             futures = [pool.submit(infer, client, "slow", x, 60) for _ in range(16)]
             wait_until(
-                lambda: metric(server.metrics_port, "meshserve_model_pending_requests", 'model="slow",version="1"') >= 10,
+                lambda: (
+                    metric(server.metrics_port, "meshserve_model_pending_requests", 'model="slow",version="1"') >= 10
+                ),
                 what="requests admitted",
             )
             server.process.send_signal(15)

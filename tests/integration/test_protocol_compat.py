@@ -79,8 +79,10 @@ def test_every_rpc_matches_tritonclient() -> None:
     (their_service,) = [s for f in theirs() for s in f.service]
     assert our_service.name == their_service.name == "GRPCInferenceService"
     theirs_by_name = {m.name: m for m in their_service.method}
-    required = {"ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata", "ModelInfer",
-                "ModelConfig", "ModelStatistics", "RepositoryIndex", "RepositoryModelLoad", "RepositoryModelUnload"}  # fmt: skip
+    required = {
+        "ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata", "ModelInfer", "ModelConfig",
+        "ModelStatistics", "RepositoryIndex", "RepositoryModelLoad", "RepositoryModelUnload",
+    }  # fmt: skip
     assert required <= {m.name for m in our_service.method}
     for method in our_service.method:
         other = theirs_by_name[method.name]
@@ -102,6 +104,8 @@ def test_generated_stubs_are_fresh(stale: bool, tmp_path: Path) -> None:
         subprocess.run(["cp", "-r", str(ROOT / part), str(copy / part)], check=True)
     proto = copy / "protos" / "inference.proto"
     proto.write_text(proto.read_text().replace("string id = 3;", "string id = 3;\n  string extra = 99;", 1))
-    result = subprocess.run([sys.executable, "tools/gen_protos.py", "--check"], cwd=copy, capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "tools/gen_protos.py", "--check"], cwd=copy, capture_output=True, text=True
+    )
     assert result.returncode == 1
     assert "stale" in result.stdout
