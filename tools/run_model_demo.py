@@ -43,8 +43,10 @@ def demo(address: str) -> None:
     for model in client.get_model_repository_index().models:
         print(f"  model {model.name:<12} version {model.version or '-':<3} {model.state} {model.reason}")
 
-    features, labels = make_dataset(seed=7, n=8)
-    print("\nfraud_mlp: 8 transactions (features 64 x FP32), versions 1 (FP32) and 2 (INT8)")
+    pool, pool_labels = make_dataset(seed=7, n=2000)
+    pick = np.concatenate([np.flatnonzero(pool_labels == 1)[:4], np.flatnonzero(pool_labels == 0)[:4]])
+    features, labels = pool[pick], pool_labels[pick]
+    print("\nfraud_mlp: 4 fraudulent then 4 legitimate transactions (64 FP32 features each), v1 FP32 and v2 INT8")
     for version in ("1", "2"):
         inp = triton.InferInput("features", list(features.shape), "FP32")
         inp.set_data_from_numpy(features.astype(np.float32))

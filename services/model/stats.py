@@ -107,9 +107,10 @@ class VersionStats:
         self.execution_count += 1
         self.inference_count += rows
         self.last_inference_ms = int(time.time() * 1000)
-        self.compute_input.add(input_ns, n)
-        self.compute_infer.add(infer_ns, n)
-        self.compute_output.add(output_ns, n)
+        # As in Triton: every request of a batch is charged the whole batch's compute time.
+        self.compute_input.add(input_ns * n, n)
+        self.compute_infer.add(infer_ns * n, n)
+        self.compute_output.add(output_ns * n, n)
         per_batch = self.batches.get(rows)
         if per_batch is None:
             per_batch = self.batches[rows] = BatchDurations()
