@@ -1,0 +1,36 @@
+"""Triton's own perf_analyzer (from the tritonclient wheel) runs against the model service unmodified.
+
+perf_analyzer refuses to start unless ModelMetadata and ModelConfig answer with Triton's messages, and
+reads ModelStatistics for its server-side breakdown, so a short run is a real compatibility check.
+Its shared libraries (libb64, libcudart) are installed by `make bench`; without them this test skips.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from bench.perf_analyzer import CUDA_LIB, _has_libb64, run_perf_analyzer
+from tests.helpers.servers import model_service
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.skipif(
+    not (_has_libb64() and (CUDA_LIB / "libcudart.so.12").exists()),
+    reason="perf_analyzer's libraries are not installed (run `make bench` once)",
+)
+def test_perf_analyzer_measures_fraud_mlp(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    shutil.copytree(ROOT / "models" / "fraud_mlp", repo / "fraud_mlp")
+    config = yaml.safe_load((repo / "fraud_mlp" / "config.yaml").read_text())
+    config["version_policy"] = {"specific": {"versions": [1]}}
+    (repo / "fraud_mlp" / "config.yaml").write_text(yaml.safe_dump(config))
+    with model_service(repo, tmp_path / "logs") as server:
+        result = run_perf_analyzer("fraud_mlp", server.address, concurrency=4, measurement_ms=1000)
+    assert result.throughput > 0
+    assert result.has_server_stats  # it read our ModelStatistics
+    assert result.server_compute_infer_us is not None and result.server_compute_infer_us > 0
