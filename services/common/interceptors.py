@@ -22,9 +22,9 @@ Behavior = Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]
 UNTRACED_PREFIXES = ("/grpc.health.v1.", "/grpc.reflection.")
 
 
-def _wrap_unary(handler: grpc.RpcMethodHandler, wrap: Callable[[Behavior], Behavior]) -> grpc.RpcMethodHandler:
+def _with_behavior(handler: grpc.RpcMethodHandler, behavior: Behavior) -> grpc.RpcMethodHandler:
     return grpc.unary_unary_rpc_method_handler(
-        wrap(handler.unary_unary),
+        behavior,
         request_deserializer=handler.request_deserializer,
         response_serializer=handler.response_serializer,
     )
@@ -52,7 +52,7 @@ class _CachingInterceptor(grpc.aio.ServerInterceptor):
         if cached is not None and cached[0] is handler:
             return cached[1]
         wrapped_behavior = self._wrap(method, handler.unary_unary)
-        wrapped = handler if wrapped_behavior is None else _wrap_unary(handler, lambda _b: wrapped_behavior)
+        wrapped = handler if wrapped_behavior is None else _with_behavior(handler, wrapped_behavior)
         self._cache[method] = (handler, wrapped)
         return wrapped
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from abc import ABC, abstractmethod
 from collections import deque
 from concurrent.futures import Executor
 from dataclasses import dataclass
@@ -39,14 +40,16 @@ def _shape_key(inputs: dict[str, np.ndarray]) -> tuple[tuple[int, ...], ...]:
     return tuple(a.shape[1:] for a in inputs.values())
 
 
-class Scheduler:
+class Scheduler(ABC):
     """Common interface: submit a request's inputs, get its outputs; close when the version retires."""
 
+    @abstractmethod
     def submit(self, inputs: dict[str, np.ndarray], rows: int, deadline: float | None) -> asyncio.Future[Outputs]:
-        raise NotImplementedError
+        """Queue one request of `rows` rows; the future resolves to its outputs (or a MeshserveError)."""
 
+    @abstractmethod
     def close(self) -> None:
-        raise NotImplementedError
+        """Refuse new requests from now on."""
 
 
 class DynamicBatcher(Scheduler):

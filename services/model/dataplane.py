@@ -58,6 +58,11 @@ class DataPlane:
     def version(self, name: str, version: str = "") -> ModelVersion:
         return self.manager.get(name, version)
 
+    def metadata(self, name: str, version: str) -> tuple[ModelVersion, list[int]]:
+        """The version whose metadata to report, and every ready version of the model."""
+        mv = self.manager.get(name, version)
+        return mv, sorted(self.manager.models[mv.name].ready)
+
     async def infer(self, request: InferenceRequest, deadline: float | None) -> InferenceResponse:
         start = time.perf_counter_ns()
         mv = self.manager.get(request.model_name, request.model_version)

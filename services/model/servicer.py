@@ -35,9 +35,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return pb.ServerMetadataResponse(name=SERVER_NAME, version=SERVER_VERSION, extensions=EXTENSIONS)
 
     async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: grpc.aio.ServicerContext):
-        mv = self.dp.version(request.name, request.version)
-        versions = sorted(self.dp.manager.models[mv.name].ready)
-        return converters.metadata_to_pb(mv, versions)
+        return converters.metadata_to_pb(*self.dp.metadata(request.name, request.version))
 
     async def ModelInfer(self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext):
         response = await self.dp.infer(converters.infer_request_from_pb(request), deadline_of(context))

@@ -8,6 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from services.common.tensor_codec import NUMPY_DTYPES
 from services.model.backends.base import LoadedModel
 from services.model.batcher import DirectRunner, DynamicBatcher, Outputs, Scheduler
 from services.model.config import ModelConfig
@@ -20,8 +21,6 @@ DEFAULT_MAX_PENDING = 1024
 
 def warmup_inputs(config: ModelConfig, rows: int) -> dict[str, np.ndarray] | None:
     """Zero inputs of `rows` rows (variable dims as 1); None when an input is BYTES (nothing generic to send)."""
-    from services.common.tensor_codec import NUMPY_DTYPES
-
     inputs: dict[str, np.ndarray] = {}
     for spec in config.inputs:
         if spec.datatype == "BYTES":

@@ -1,0 +1,45 @@
+"""`python -m services.cache`: serve the response cache over gRPC until SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from services.cache.embedded import EmbeddedValkey
+from services.cache.handler import CacheHandler
+from services.cache.servicer import SERVICE_NAME, CacheServicer
+from services.cache.settings import CacheServiceSettings
+from services.common.logs import setup_logging
+from services.common.server import GrpcService
+from services.protos import cache_pb2_grpc
+
+log = logging.getLogger("services.cache")
+
+
+async def serve(settings: CacheServiceSettings) -> None:
+    embedded = None if settings.redis_url else EmbeddedValkey()
+    url = settings.redis_url or await embedded.start()
+    handler = CacheHandler(settings, url)
+    service = GrpcService("cache", settings, [SERVICE_NAME])
+    cache_pb2_grpc.add_CacheServiceServicer_to_server(CacheServicer(handler), service.server)
+
+    async def on_start() -> None:
+        if not await handler.redis.ping():
+            log.warning("redis at %s does not answer; serving from L1 only until it does", url)
+
+    async def on_stop() -> None:
+        await handler.close()
+        if embedded is not None:
+            await embedded.stop()
+
+    await service.run(on_start, on_stop)
+
+
+def main() -> None:
+    settings = CacheServiceSettings()
+    setup_logging("cache", settings.log_level)
+    asyncio.run(serve(settings))
+
+
+if __name__ == "__main__":
+    main()

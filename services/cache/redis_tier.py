@@ -1,0 +1,185 @@
+"""The Redis tier: batched MGET, pipelined SET with expiry, a circuit breaker that probes while open."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
+
+from services.cache import metrics
+from services.cache.entry import Entry
+
+log = logging.getLogger(__name__)
+
+FAILURES = (RedisError, OSError, TimeoutError)
+
+
+class Circuit:
+    """Opens after `threshold` consecutive failures; closed again by a successful probe."""
+
+    def __init__(self, threshold: int) -> None:
+        self.threshold = threshold
+        self.failures = 0
+        self.open = False
+
+    def success(self) -> None:
+        self.failures = 0
+
+    def failure(self) -> bool:
+        """Count a failure; True when this one opened the circuit."""
+        self.failures += 1
+        if not self.open and self.failures >= self.threshold:
+            self.open = True
+            metrics.CIRCUIT_OPEN.set(1)
+            return True
+        return False
+
+    def close(self) -> None:
+        self.open = False
+        self.failures = 0
+        metrics.CIRCUIT_OPEN.set(0)
+
+
+class RedisTier:
+    """Entries in Redis under `prefix + key`, plus index sets per pipeline and per model version."""
+
+    def __init__(
+        self, url: str, prefix: str, circuit_failures: int, probe_interval_s: float, max_connections: int
+    ) -> None:
+        self.prefix = prefix.encode()
+        self.probe_interval_s = probe_interval_s
+        self.circuit = Circuit(circuit_failures)
+        metrics.CIRCUIT_OPEN.set(0)
+        pool = aioredis.BlockingConnectionPool.from_url(
+            url,
+            max_connections=max_connections,
+            timeout=1.0,
+            socket_connect_timeout=0.5,
+            socket_timeout=1.0,
+            retry=Retry(NoBackoff(), 0),
+        )
+        self.client = aioredis.Redis(connection_pool=pool)
+        self.errors = 0
+        self._probe: asyncio.Task[None] | None = None
+        self.subscribed = asyncio.Event()
+
+    def available(self) -> bool:
+        return not self.circuit.open
+
+    def _key(self, key: bytes) -> bytes:
+        return self.prefix + key
+
+    def _index(self, kind: str, *parts: str) -> bytes:
+        return self.prefix + b"idx:" + kind.encode() + b":" + ":".join(parts).encode()
+
+    def failed(self, op: str, exc: BaseException) -> None:
+        """Count a failure; open the circuit (and start probing) after enough in a row."""
+        self.errors += 1
+        metrics.REDIS_ERRORS.labels(op, type(exc).__name__).inc()
+        if self.circuit.failure():
+            log.warning("redis circuit open after %d failures (last: %r)", self.circuit.failures, exc)
+            self._probe = asyncio.get_running_loop().create_task(self._probe_until_healthy())
+
+    async def mget(self, keys: Sequence[bytes], budget_s: float) -> list[Entry | None]:
+        """Entries for keys (None where absent); raises on failure or past the budget (the caller fails open)."""
+        async with asyncio.timeout(budget_s):
+            raw = await self.client.mget([self._key(k) for k in keys])
+        self.circuit.success()
+        return [None if r is None else Entry.decode(r) for r in raw]
+
+    async def set_many(self, items: Sequence[tuple[bytes, Entry]], ttl_cap_s: float, timeout_s: float) -> None:
+        """SET with expiry at each entry's stale time, and index the keys for invalidation, in one round trip."""
+        now = time.time()
+        pipe = self.client.pipeline(transaction=False)
+        indexes: dict[bytes, list[bytes]] = {}
+        for key, entry in items:
+            px = max(1, int((entry.stale_until - now) * 1000))
+            pipe.set(self._key(key), entry.encode(), px=px)
+            indexes.setdefault(self._index("p", entry.pipeline), []).append(key)
+            indexes.setdefault(self._index("m", entry.model_name, entry.model_version), []).append(key)
+        for index, keys in indexes.items():
+            pipe.sadd(index, *keys)
+            pipe.expire(index, int(ttl_cap_s) + 1)
+        async with asyncio.timeout(timeout_s):
+            await pipe.execute()
+        self.circuit.success()
+
+    async def invalidate(self, pipeline: str, model_name: str, model_version: str) -> int:
+        """Delete the entries of a pipeline or model version (all versions when model_version is empty)."""
+        if pipeline:
+            indexes = [self._index("p", pipeline)]
+        elif model_version:
+            indexes = [self._index("m", model_name, model_version)]
+        else:
+            pattern = self._index("m", model_name, "*")
+            indexes = [k async for k in self.client.scan_iter(match=pattern, count=1000)]
+        removed = 0
+        for index in indexes:
+            members = list(await self.client.smembers(index))
+            for i in range(0, len(members), 1000):
+                removed += await self.client.delete(*[self._key(k) for k in members[i : i + 1000]])
+            await self.client.delete(index)
+        return removed
+
+    async def publish_invalidation(self, message: bytes) -> None:
+        async with asyncio.timeout(1.0):
+            await self.client.publish(self.prefix + b"invalidate", message)
+
+    async def watch_invalidations(self, apply: Callable[[bytes], None], on_gap: Callable[[], None]) -> None:
+        """Apply every replica's invalidations to this one's L1; after losing the channel, call on_gap.
+
+        Runs until cancelled. Messages published while this replica was disconnected are lost, so on
+        resubscribing `on_gap` drops the whole L1 rather than risk serving an invalidated entry.
+        """
+        lost = False
+        while True:
+            pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(self.prefix + b"invalidate")
+                if lost:
+                    on_gap()
+                    lost = False
+                self.subscribed.set()
+                async for message in pubsub.listen():
+                    if message.get("type") == "message":
+                        apply(message["data"])
+            except FAILURES as exc:
+                log.debug("invalidation channel lost: %r", exc)
+                lost = True
+                self.subscribed.clear()
+            finally:
+                try:
+                    await pubsub.aclose()
+                except FAILURES:
+                    pass
+            await asyncio.sleep(self.probe_interval_s)
+
+    async def _probe_until_healthy(self) -> None:
+        while self.circuit.open:
+            await asyncio.sleep(self.probe_interval_s)
+            try:
+                async with asyncio.timeout(max(0.5, self.probe_interval_s)):
+                    await self.client.ping()
+            except FAILURES as exc:
+                log.debug("redis probe failed: %r", exc)
+                continue
+            log.info("redis probe succeeded: circuit closed")
+            self.circuit.close()
+
+    async def ping(self) -> bool:
+        try:
+            async with asyncio.timeout(1.0):
+                return bool(await self.client.ping())
+        except FAILURES:
+            return False
+
+    async def close(self) -> None:
+        if self._probe is not None:
+            self._probe.cancel()
+        await self.client.aclose()
