@@ -14,7 +14,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON_SYS) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[model,train,dev]'
+	$(PY) -m pip install -q -e '.[model,cache,train,dev]'
 	@touch $(STAMP)
 
 models: $(MODELS_STAMP)
@@ -46,6 +46,7 @@ run: setup models
 
 bench: setup models
 	$(PY) -m bench.model_service
+	$(PY) -m bench.cache
 
 bench-peers: setup models
 	$(PY) -m bench.peers

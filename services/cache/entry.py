@@ -9,7 +9,7 @@ _HEADER = struct.Struct("<BdddHHH")
 _FORMAT = 1
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True)
 class Entry:
     """One cached answer; times are wall-clock (time.time()) so that every replica reads them alike."""
 
@@ -37,17 +37,14 @@ class Entry:
         return b"".join([header, *labels, self.value])
 
     @classmethod
-    def decode(cls, data: bytes) -> Entry | None:
-        """The entry, or None when the bytes are not an entry of this format (treated as a miss)."""
-        if len(data) < _HEADER.size:
+    def decode(cls, data: bytes, offset: int = 0) -> Entry | None:
+        """The entry at `offset`, or None when the bytes are not an entry of this format (treated as a miss)."""
+        if len(data) < offset + _HEADER.size:
             return None
-        fmt, stored_at, fresh_until, stale_until, lp, lm, lv = _HEADER.unpack_from(data)
-        if fmt != _FORMAT or len(data) < _HEADER.size + lp + lm + lv:
+        fmt, stored_at, fresh_until, stale_until, lp, lm, lv = _HEADER.unpack_from(data, offset)
+        i = offset + _HEADER.size
+        j, k, v = i + lp, i + lp + lm, i + lp + lm + lv
+        if fmt != _FORMAT or len(data) < v:
             return None
-        view = memoryview(data)
-        i = _HEADER.size
-        pipeline = bytes(view[i : i + lp]).decode()
-        model_name = bytes(view[i + lp : i + lp + lm]).decode()
-        model_version = bytes(view[i + lp + lm : i + lp + lm + lv]).decode()
-        value = bytes(view[i + lp + lm + lv :])
-        return cls(value, pipeline, model_name, model_version, stored_at, fresh_until, stale_until)
+        return cls(data[v:], data[i:j].decode(), data[j:k].decode(), data[k:v].decode(), stored_at, fresh_until,
+                   stale_until)  # fmt: skip

@@ -28,7 +28,7 @@ L1 = "l1"
 REDIS = "redis"
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True)
 class Hit:
     """A cached answer as the caller sees it."""
 
@@ -160,13 +160,16 @@ class CacheHandler:
                 self.redis.failed("lookup", exc)
             else:
                 now = time.time()
+                use_l1 = self.l1.max_bytes > 0
                 for i, entry in zip(pending, entries, strict=True):
                     if entry is None or not entry.alive(now) or not (allow_stale or entry.fresh(now)):
                         continue
                     results[i] = _hit(entry, now, REDIS)
-                    self.l1.put(keys[i], entry, now)
+                    if use_l1:
+                        self.l1.put(keys[i], entry, now)
                     redis_hits += 1
-                self._l1_gauges()
+                if use_l1:
+                    self._l1_gauges()
         self.counts.redis_hits += redis_hits
         self.counts.misses += len(pending) - redis_hits
         _count(metrics.HITS, REDIS, pipeline, redis_hits)
@@ -273,6 +276,7 @@ class CacheHandler:
     async def close(self) -> None:
         if self._watcher is not None:
             self._watcher.cancel()
+            await asyncio.gather(self._watcher, return_exceptions=True)
         if self.redis is not None:
             await self.redis.close()
 

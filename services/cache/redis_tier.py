@@ -91,7 +91,15 @@ class RedisTier:
         async with asyncio.timeout(budget_s):
             raw = await self.client.mget([self._key(k) for k in keys])
         self.circuit.success()
-        return [None if r is None else Entry.decode(r) for r in raw]
+        return [None if r is None else self._decode(k, r) for k, r in zip(keys, raw, strict=True)]
+
+    def _decode(self, key: bytes, data: bytes) -> Entry | None:
+        """Each value starts with its own key: a reply that is not for this key is refused (a miss), never served."""
+        n = len(key)
+        if not data or data[0] != n or not data.startswith(key, 1):
+            metrics.REDIS_ERRORS.labels("lookup", "KeyMismatch").inc()
+            return None
+        return Entry.decode(data, 1 + n)
 
     async def set_many(self, items: Sequence[tuple[bytes, Entry]], ttl_cap_s: float, timeout_s: float) -> None:
         """SET with expiry at each entry's stale time, and index the keys for invalidation, in one round trip."""
@@ -100,7 +108,7 @@ class RedisTier:
         indexes: dict[bytes, list[bytes]] = {}
         for key, entry in items:
             px = max(1, int((entry.stale_until - now) * 1000))
-            pipe.set(self._key(key), entry.encode(), px=px)
+            pipe.set(self._key(key), bytes((len(key),)) + key + entry.encode(), px=px)
             indexes.setdefault(self._index("p", entry.pipeline), []).append(key)
             indexes.setdefault(self._index("m", entry.model_name, entry.model_version), []).append(key)
         for index, keys in indexes.items():
@@ -182,4 +190,5 @@ class RedisTier:
     async def close(self) -> None:
         if self._probe is not None:
             self._probe.cancel()
+            await asyncio.gather(self._probe, return_exceptions=True)
         await self.client.aclose()

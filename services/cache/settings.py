@@ -28,7 +28,7 @@ class CacheServiceSettings(ServiceSettings):
     lookup_budget_ms: float = Field(2.0, gt=0, description="Default time budget of the Redis tier per lookup.")
     store_timeout_ms: float = Field(50.0, gt=0, description="Time allowed for one batched Redis write.")
     max_value_bytes: int = Field(1024 * 1024, ge=1, description="Largest value accepted by Store.")
-    max_key_bytes: int = Field(64, ge=1, description="Longest key accepted (keys are digests).")
+    max_key_bytes: int = Field(64, ge=1, le=255, description="Longest key accepted (keys are digests).")
     max_batch: int = Field(1024, ge=1, description="Most keys or entries in one Lookup or Store.")
     max_ttl_s: float = Field(86400.0, gt=0, description="Longest fresh TTL accepted by Store.")
     max_stale_ttl_s: float = Field(86400.0, ge=0, description="Longest stale window accepted by Store.")

@@ -94,3 +94,31 @@ def model_service(repo: Path, log_dir: Path, **env: str) -> Iterator[ServiceProc
         yield service
     finally:
         service.terminate()
+
+
+@contextmanager
+def cache_service(log_dir: Path, **env: str) -> Iterator[ServiceProcess]:
+    """`python -m services.cache` (embedded Valkey unless MESHSERVE_REDIS_URL is given), SERVING, SIGTERM after."""
+    port, metrics_port = free_port(), free_port()
+    environ = {k: v for k, v in os.environ.items() if k != "MESHSERVE_REDIS_URL"}
+    environ |= {
+        "MESHSERVE_CACHE_HOST": "127.0.0.1",
+        "MESHSERVE_CACHE_PORT": str(port),
+        "MESHSERVE_CACHE_METRICS_PORT": str(metrics_port),
+        "MESHSERVE_CACHE_GRACE_PERIOD_S": "5",
+        "OTEL_SDK_DISABLED": "true",
+        "PYTHONUNBUFFERED": "1",
+        **env,
+    }
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_path = log_dir / f"cache-{port}.log"
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "services.cache"], cwd=ROOT, env=environ, stdout=log, stderr=subprocess.STDOUT
+        )
+    service = ServiceProcess(process, f"127.0.0.1:{port}", metrics_port, log_path)
+    try:
+        service.wait_serving()
+        yield service
+    finally:
+        service.terminate()
