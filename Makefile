@@ -37,6 +37,7 @@ lint: $(STAMP)
 # Two pytest processes: unit tests import services.protos, integration tests import tritonclient, and both
 # define the protobuf package `inference`, which one process cannot hold twice.
 test: setup models
+	@bash tools/ensure_system_packages.sh
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 	$(PY) -m pytest tests/integration $(PYTEST_ARGS)

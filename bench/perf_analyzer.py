@@ -74,10 +74,24 @@ def _ensure_libb64() -> None:
         )
 
 
+def installed_cudart_lib() -> Path | None:
+    """The folder holding libcudart.so.12: the venv's (`dev` extra) or the one the bench installed."""
+    try:
+        import nvidia.cuda_runtime  # the nvidia-cuda-runtime-cu12 wheel (no GPU needed)
+
+        venv_lib = Path(next(iter(nvidia.cuda_runtime.__path__))) / "lib"
+        if (venv_lib / "libcudart.so.12").exists():
+            return venv_lib
+    except ImportError:
+        pass
+    return CUDA_LIB if (CUDA_LIB / "libcudart.so.12").exists() else None
+
+
 def _ensure_cudart() -> Path:
+    found = installed_cudart_lib()
+    if found is not None:
+        return found
     lib = CUDA_LIB / "libcudart.so.12"
-    if lib.exists():
-        return CUDA_LIB
     cmd = [venv_python(), "-m", "pip", "install", "-q", "--target", str(CUDA_TARGET), CUDA_RUNTIME_PIN]
     result = _run(cmd)
     if result.returncode != 0 or not lib.exists():

@@ -2,7 +2,8 @@
 
 perf_analyzer refuses to start unless ModelMetadata and ModelConfig answer with Triton's messages, and
 reads ModelStatistics for its server-side breakdown, so a short run is a real compatibility check.
-Its shared libraries (libb64, libcudart) are installed by `make bench`; without them this test skips.
+perf_analyzer needs libcudart.so.12 (the `dev` extra installs nvidia-cuda-runtime-cu12) and Debian's
+libb64-0d (`make bench` installs it with apt); without them this test skips.
 """
 
 from __future__ import annotations
@@ -13,15 +14,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bench.perf_analyzer import CUDA_LIB, _has_libb64, run_perf_analyzer
+from bench.perf_analyzer import _has_libb64, installed_cudart_lib, run_perf_analyzer
 from tests.helpers.servers import model_service
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.skipif(
-    not (_has_libb64() and (CUDA_LIB / "libcudart.so.12").exists()),
-    reason="perf_analyzer's libraries are not installed (run `make bench` once)",
+    not (_has_libb64() and installed_cudart_lib() is not None),
+    reason="perf_analyzer needs Debian's libb64-0d (`make bench` installs it) and libcudart (the dev extra)",
 )
 def test_perf_analyzer_measures_fraud_mlp(tmp_path: Path) -> None:
     repo = tmp_path / "repo"
