@@ -87,7 +87,7 @@ def main() -> int:
         if args.once:
             return 0
         print(f"\nserving on {address} (metrics on http://127.0.0.1:9001/metrics); Ctrl-C to stop")
-        print(f"  try: perf_analyzer -m fraud_mlp -u {address} -i grpc --concurrency-range 8:8")
+        print("  load it with Triton's perf_analyzer: `make bench` (it sets up perf_analyzer's libraries)")
         process.wait()
     except KeyboardInterrupt:
         pass
