@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,26 +67,28 @@ class ServiceProcess:
 
 
 @contextmanager
-def model_service(repo: Path, log_dir: Path, **env: str) -> Iterator[ServiceProcess]:
-    """`python -m services.model` on `repo`, SERVING before the body runs, SIGTERM after."""
+def service_process(name: str, log_dir: Path, env: dict[str, str]) -> Iterator[ServiceProcess]:
+    """`python -m services.<name>` on free loopback ports, SERVING before the body runs, SIGTERM after.
+
+    `env` adds to (or, with an empty value, removes from) this process's environment.
+    """
+    prefix = f"MESHSERVE_{name.upper()}_"
     port, metrics_port = free_port(), free_port()
     environ = {
         **os.environ,
-        "MESHSERVE_MODEL_REPOSITORY": str(repo),
-        "MESHSERVE_MODEL_HOST": "127.0.0.1",
-        "MESHSERVE_MODEL_PORT": str(port),
-        "MESHSERVE_MODEL_METRICS_PORT": str(metrics_port),
-        "MESHSERVE_MODEL_WATCH_DEBOUNCE_MS": "200",
-        "MESHSERVE_MODEL_GRACE_PERIOD_S": "20",
+        f"{prefix}HOST": "127.0.0.1",
+        f"{prefix}PORT": str(port),
+        f"{prefix}METRICS_PORT": str(metrics_port),
         "OTEL_SDK_DISABLED": "true",
         "PYTHONUNBUFFERED": "1",
         **env,
     }
+    environ = {k: v for k, v in environ.items() if v != ""}
     log_dir.mkdir(parents=True, exist_ok=True)
-    log_path = log_dir / f"model-{port}.log"
+    log_path = log_dir / f"{name}-{port}.log"
     with log_path.open("wb") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "services.model"], cwd=ROOT, env=environ, stdout=log, stderr=subprocess.STDOUT
+            [sys.executable, "-m", f"services.{name}"], cwd=ROOT, env=environ, stdout=log, stderr=subprocess.STDOUT
         )
     service = ServiceProcess(process, f"127.0.0.1:{port}", metrics_port, log_path)
     try:
@@ -96,29 +98,20 @@ def model_service(repo: Path, log_dir: Path, **env: str) -> Iterator[ServiceProc
         service.terminate()
 
 
-@contextmanager
-def cache_service(log_dir: Path, **env: str) -> Iterator[ServiceProcess]:
-    """`python -m services.cache` (embedded Valkey unless MESHSERVE_REDIS_URL is given), SERVING, SIGTERM after."""
-    port, metrics_port = free_port(), free_port()
-    environ = {k: v for k, v in os.environ.items() if k != "MESHSERVE_REDIS_URL"}
-    environ |= {
-        "MESHSERVE_CACHE_HOST": "127.0.0.1",
-        "MESHSERVE_CACHE_PORT": str(port),
-        "MESHSERVE_CACHE_METRICS_PORT": str(metrics_port),
-        "MESHSERVE_CACHE_GRACE_PERIOD_S": "5",
-        "OTEL_SDK_DISABLED": "true",
-        "PYTHONUNBUFFERED": "1",
-        **env,
-    }
-    log_dir.mkdir(parents=True, exist_ok=True)
-    log_path = log_dir / f"cache-{port}.log"
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "services.cache"], cwd=ROOT, env=environ, stdout=log, stderr=subprocess.STDOUT
-        )
-    service = ServiceProcess(process, f"127.0.0.1:{port}", metrics_port, log_path)
-    try:
-        service.wait_serving()
-        yield service
-    finally:
-        service.terminate()
+def model_service(repo: Path, log_dir: Path, **env: str) -> AbstractContextManager[ServiceProcess]:
+    """The model service on `repo` (see service_process)."""
+    return service_process(
+        "model",
+        log_dir,
+        {
+            "MESHSERVE_MODEL_REPOSITORY": str(repo),
+            "MESHSERVE_MODEL_WATCH_DEBOUNCE_MS": "200",
+            "MESHSERVE_MODEL_GRACE_PERIOD_S": "20",
+            **env,
+        },
+    )
+
+
+def cache_service(log_dir: Path, **env: str) -> AbstractContextManager[ServiceProcess]:
+    """The cache service; an embedded Valkey unless MESHSERVE_REDIS_URL is passed (see service_process)."""
+    return service_process("cache", log_dir, {"MESHSERVE_REDIS_URL": "", "MESHSERVE_CACHE_GRACE_PERIOD_S": "5", **env})
