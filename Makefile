@@ -14,7 +14,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON_SYS) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[model,cache,train,dev]'
+	$(PY) -m pip install -q -e '.[model,cache,feature,train,dev]'
 	@touch $(STAMP)
 
 models: $(MODELS_STAMP)

@@ -115,3 +115,10 @@ def model_service(repo: Path, log_dir: Path, **env: str) -> AbstractContextManag
 def cache_service(log_dir: Path, **env: str) -> AbstractContextManager[ServiceProcess]:
     """The cache service; an embedded Valkey unless MESHSERVE_REDIS_URL is passed (see service_process)."""
     return service_process("cache", log_dir, {"MESHSERVE_REDIS_URL": "", "MESHSERVE_CACHE_GRACE_PERIOD_S": "5", **env})
+
+
+def feature_service(log_dir: Path, **env: str) -> AbstractContextManager[ServiceProcess]:
+    """The feature service; an embedded Valkey unless MESHSERVE_REDIS_URL is passed (see service_process)."""
+    return service_process(
+        "feature", log_dir, {"MESHSERVE_REDIS_URL": "", "MESHSERVE_FEATURE_GRACE_PERIOD_S": "5", **env}
+    )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
@@ -13,17 +13,6 @@ from services.cache.servicer import SERVICE_NAME, CacheServicer
 from services.cache.settings import CacheServiceSettings
 from services.common.server import GrpcService
 from services.protos import cache_pb2_grpc
-from tests.helpers.servers import free_port
-
-
-@pytest.fixture()
-def valkey() -> Iterator[ValkeyServer]:
-    """A real valkey-server on a fixed free port (so a restart comes back on the same URL)."""
-    server = ValkeyServer(port=free_port())
-    server.start()
-    yield server
-    if server.is_running():
-        server.stop()
 
 
 def cache_settings(**overrides: Any) -> CacheServiceSettings:

@@ -1,0 +1,45 @@
+"""`python -m services.feature`: serve feature sets over gRPC until SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from services.common.embedded import EmbeddedValkey
+from services.common.logs import setup_logging
+from services.common.server import GrpcService
+from services.feature.handler import FeatureHandler
+from services.feature.servicer import SERVICE_NAME, FeatureServicer
+from services.feature.settings import FeatureServiceSettings
+from services.protos import feature_pb2_grpc
+
+log = logging.getLogger("services.feature")
+
+
+async def serve(settings: FeatureServiceSettings) -> None:
+    embedded = None if settings.redis_url else EmbeddedValkey()
+    url = settings.redis_url or await embedded.start()
+    handler = FeatureHandler(settings, url)
+    service = GrpcService("feature", settings, [SERVICE_NAME])
+    feature_pb2_grpc.add_FeatureServiceServicer_to_server(FeatureServicer(handler), service.server)
+
+    async def on_start() -> None:
+        if not await handler.store.prepare():
+            log.warning("redis at %s does not answer; aggregates take their defaults until it does", url)
+
+    async def on_stop() -> None:
+        await handler.close()
+        if embedded is not None:
+            await embedded.stop()
+
+    await service.run(on_start, on_stop)
+
+
+def main() -> None:
+    settings = FeatureServiceSettings()
+    setup_logging("feature", settings.log_level)
+    asyncio.run(serve(settings))
+
+
+if __name__ == "__main__":
+    main()

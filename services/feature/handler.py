@@ -1,0 +1,95 @@
+"""The feature service's domain handler: validated Compute, Ingest and GetFeatureSet in domain types.
+
+The servicer only converts protobuf to these calls and back; tests (and later training) use this directly.
+A failed or slow online store never fails Compute: aggregates take their defaults and rows are degraded.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping, Sequence
+
+from services.common.errors import InvalidArgument, NotFound, Unavailable
+from services.feature import metrics
+from services.feature.featureset import Features, FeatureSet, Scalar, load_feature_sets
+from services.feature.settings import FeatureServiceSettings
+from services.feature.store import FAILURES, AggregateResult, OnlineStore
+
+log = logging.getLogger(__name__)
+
+Row = Mapping[str, Scalar | None]
+
+
+class FeatureHandler:
+    """Everything the feature RPCs do. Build it inside the running event loop."""
+
+    def __init__(self, settings: FeatureServiceSettings, redis_url: str) -> None:
+        self.settings = settings
+        self.sets = load_feature_sets(settings.features_dir)
+        self.store = OnlineStore(redis_url, settings.key_prefix, settings.redis_max_connections)
+
+    def feature_set(self, set_id: str) -> FeatureSet:
+        found = self.sets.get(set_id)
+        if found is None:
+            raise NotFound(f"unknown feature set {set_id!r} (have: {', '.join(sorted(self.sets)) or 'none'})")
+        return found
+
+    def _check_batch(self, n: int, what: str) -> None:
+        if n == 0:
+            raise InvalidArgument(f"no {what}s given")
+        if n > self.settings.max_batch:
+            raise InvalidArgument(f"{n} {what}s in one request; at most {self.settings.max_batch}")
+
+    def _budget_s(self, budget_ms: float, rows: int) -> float:
+        """The caller's budget, else the default plus the per-row allowance."""
+        s = self.settings
+        return (budget_ms or s.lookup_budget_ms + s.lookup_budget_per_row_ms * rows) / 1e3
+
+    async def compute(self, set_id: str, rows: Sequence[Row], budget_ms: float = 0.0) -> Features:
+        """The FP32 feature matrix of a batch of rows, aggregates as of each row's event time."""
+        fs = self.feature_set(set_id)
+        self._check_batch(len(rows), "row")
+        if budget_ms < 0:
+            raise InvalidArgument(f"budget_ms {budget_ms} is negative")
+        start = time.perf_counter()
+        columns = fs.columns(rows)
+        online: AggregateResult | None = None
+        trips = 0
+        if fs.has_aggregates:
+            before = self.store.round_trips
+            try:
+                online = await self.store.read(
+                    fs.plan, columns, fs.spec.timestamp_field, self._budget_s(budget_ms, len(rows))
+                )
+            except FAILURES as exc:
+                metrics.REDIS_ERRORS.labels("read", type(exc).__name__).inc()
+                log.debug("online store read failed, degrading %d rows: %r", len(rows), exc)
+            trips = self.store.round_trips - before
+        result = fs.compute(columns, online)
+        metrics.COMPUTE_SECONDS.labels(set_id).observe(time.perf_counter() - start)
+        metrics.ROWS.labels(set_id).inc(len(rows))
+        metrics.REDIS_ROUND_TRIPS.labels(set_id).observe(trips)
+        if degraded := int(result.degraded.sum()):
+            metrics.DEGRADED_ROWS.labels(set_id).inc(degraded)
+        if defaulted := int(result.defaulted.sum()):
+            metrics.DEFAULTED_ROWS.labels(set_id).inc(defaulted)
+        return result
+
+    async def ingest(self, set_id: str, events: Sequence[Row]) -> int:
+        """Apply events to the online aggregates (one atomic transaction); Unavailable when the store is out."""
+        fs = self.feature_set(set_id)
+        self._check_batch(len(events), "event")
+        columns = fs.columns(events, fs.ingest_fields, what="event")
+        try:
+            n = await self.store.ingest(
+                fs.plan, columns, fs.spec.timestamp_field, self.settings.ingest_timeout_ms / 1e3
+            )
+        except FAILURES as exc:
+            metrics.REDIS_ERRORS.labels("ingest", type(exc).__name__).inc()
+            raise Unavailable(f"online store unavailable: {exc!r}") from exc
+        metrics.INGESTED.labels(set_id).inc(n)
+        return n
+
+    async def close(self) -> None:
+        await self.store.close()

@@ -1,0 +1,39 @@
+"""Settings of the feature service (`MESHSERVE_FEATURE_*`, plus the shared `MESHSERVE_REDIS_URL`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import AliasChoices, Field
+from pydantic_settings import SettingsConfigDict
+
+from services.common.settings import ServiceSettings
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class FeatureServiceSettings(ServiceSettings):
+    """`python -m services.feature` reads these from the environment."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="MESHSERVE_FEATURE_", extra="ignore", frozen=True, populate_by_name=True
+    )
+
+    port: int = Field(8002, ge=0, le=65535, description="gRPC port.")
+    metrics_port: int = Field(9002, ge=0, le=65535, description="Prometheus /metrics port (0 disables).")
+    redis_url: str | None = Field(
+        None,
+        validation_alias=AliasChoices("MESHSERVE_REDIS_URL"),
+        description="Redis/Valkey URL (shared `MESHSERVE_REDIS_URL`); unset starts an embedded Valkey.",
+    )
+    features_dir: Path = Field(ROOT / "features", description="Folder of feature set YAML files (`<name>_v<N>`).")
+    key_prefix: str = Field("meshserve:feature:", description="Prefix of every Redis key this service writes.")
+    lookup_budget_ms: float = Field(
+        5.0, gt=0, description="Default time budget of the online lookup per Compute; past it rows are degraded."
+    )
+    lookup_budget_per_row_ms: float = Field(
+        0.2, ge=0, description="Added to the default budget per row (Redis reads every row's buckets)."
+    )
+    ingest_timeout_ms: float = Field(1000.0, gt=0, description="Time allowed for one batched Ingest write.")
+    max_batch: int = Field(1024, ge=1, description="Most rows in one Compute or events in one Ingest.")
+    redis_max_connections: int = Field(64, ge=1, description="Redis connection pool size.")
