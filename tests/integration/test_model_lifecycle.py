@@ -151,7 +151,7 @@ def test_broken_config_keeps_serving_and_load_rpc_reports_it(tmp_path: Path) -> 
 def test_queue_limit_and_deadlines(tmp_path: Path) -> None:
     repo = tmp_path / "repo"
     config = mlp_config("slow", max_batch_size=1, dynamic_batching={"max_queue_size": 2, "max_queue_delay_us": 0})
-    write_model(repo, "slow", config, {1: Slow(rounds=40)})
+    write_model(repo, "slow", config, {1: Slow(rounds=400)})  # a few hundred ms per forward
     with model_service(repo, tmp_path / "logs") as server:
         client = triton.InferenceServerClient(server.address)
         x = x_rows(1)
@@ -195,8 +195,9 @@ def test_queue_limit_and_deadlines(tmp_path: Path) -> None:
 
 def test_sigterm_drains_admitted_requests(tmp_path: Path) -> None:
     repo = tmp_path / "repo"
-    config = mlp_config("slow", max_batch_size=4, dynamic_batching={"max_queue_delay_us": 0})
-    write_model(repo, "slow", config, {1: Slow(rounds=60)})
+    # One batch takes a few hundred ms: the first request runs alone, the other 15 all queue behind it.
+    config = mlp_config("slow", max_batch_size=16, dynamic_batching={"max_queue_delay_us": 0})
+    write_model(repo, "slow", config, {1: Slow(rounds=400)})
     with model_service(repo, tmp_path / "logs") as server:
         client = triton.InferenceServerClient(server.address)
         x = x_rows(1)
@@ -205,9 +206,9 @@ def test_sigterm_drains_admitted_requests(tmp_path: Path) -> None:
             futures = [pool.submit(infer, client, "slow", x, 60) for _ in range(16)]
             wait_until(
                 lambda: (
-                    metric(server.metrics_port, "meshserve_model_pending_requests", 'model="slow",version="1"') >= 10
+                    metric(server.metrics_port, "meshserve_model_pending_requests", 'model="slow",version="1"') >= 16
                 ),
-                what="requests admitted",
+                what="all 16 requests admitted",
             )
             server.process.send_signal(15)
             wait_until(lambda: health_status(server.address) in (NOT_SERVING, None), timeout=5, what="NOT_SERVING")
