@@ -19,7 +19,11 @@ $(STAMP): pyproject.toml
 
 models: $(MODELS_STAMP)
 
-$(MODELS_STAMP): $(STAMP) models/build.py models/fraud_mlp.py models/digits_cnn.py models/fraud_mlp/config.yaml models/digits_cnn/config.yaml
+MODEL_SOURCES := models/build.py models/fraud_mlp.py models/digits_cnn.py models/transactions.py models/feature_replay.py \
+	models/fraud_mlp/config.yaml models/digits_cnn/config.yaml features/fraud_v1.yaml $(wildcard features/tables/*.csv) \
+	$(wildcard services/feature/*.py)
+
+$(MODELS_STAMP): $(STAMP) $(MODEL_SOURCES)
 	$(PY) -m models.build
 	@touch $(MODELS_STAMP)
 
@@ -48,6 +52,7 @@ run: setup models
 bench: setup models
 	$(PY) -m bench.model_service
 	$(PY) -m bench.cache
+	$(PY) -m bench.feature_service
 
 bench-peers: setup models
 	$(PY) -m bench.peers

@@ -2,8 +2,9 @@
 
 Layout (under `<prefix><feature set id>:`), for entity kind E with id I and bucket length B seconds:
 
-- `a:E:I:B`  a hash with fields per bucket k = floor(t / B): `k:c` (event count), `k:s:F` (sum of field F),
-  `k:m:F` (max of F), pruned of buckets past retention as events arrive.
+- `a:E:I:B`  a hash with one field per bucket k = floor(t / B), named `k`: a packed little-endian record of
+  doubles (event count, the sum of each summed field, the max of each maxed field), pruned of buckets
+  past retention as events arrive.
 - `h:E:I:F:B:k`  a HyperLogLog of the values of F seen in bucket k; read with one PFCOUNT over the
   window's bucket keys (merged at read).
 - `l:E:I`  a sorted set of the most recent event times (score = member = unix seconds), for as-of
@@ -11,7 +12,10 @@ Layout (under `<prefix><feature set id>:`), for entity kind E with id I and buck
 
 Ingest writes a whole batch in one MULTI/EXEC transaction of ingest-script calls. A read (Compute)
 runs a read script per chunk of rows, all in one pipeline executed once: one round trip, whatever the
-batch size; the scripts return one value per row and aggregate.
+batch size. The script returns, per row, the window's bucket records of each bucket group as one binary
+string (counts, sums and maxima are then windowed in numpy on the client) and the distinct counts and
+since-last values as text. Keeping one field per bucket (not one per bucket and column) and doing the
+arithmetic in numpy is what keeps the server-side read cheap (see bench/feature_service.py).
 A window of W = n * B seconds as of time t is the n whole buckets before the bucket holding t, so
 later events (and the row's own) never leak into its features; since_last counts events strictly
 before t. Ids are put in keys as they are (an id containing ':' could alias another entity's keys).
@@ -38,9 +42,21 @@ MIN_LAST_SEEN_TTL_S = 7 * 86400
 READ_CHUNK_ROWS = 128  # rows per read-script call: bounds how long one call holds Redis
 INGEST_CHUNK_EVENTS = 128  # events per ingest-script call
 
+# A bucket record as struct.pack(g.fmt, count, sums..., maxes...); an absent bucket reads as `empty`.
+_RECORD = """
+local function empty_record(g)
+  local rec = {0}
+  for _ = 1, #g.sums do rec[#rec + 1] = 0 end
+  for _ = 1, #g.maxes do rec[#rec + 1] = -math.huge end
+  return rec
+end
+"""
+
 # ARGV[1]: the plan (AggregatePlan.script_plan), ARGV[2]: events as JSON [[t, id of each plan entity,
-# {field: value as text}], ...]. Sums and maxima keep the client's decimal text (no precision lost in Lua).
-_INGEST = """
+# {field: value as text}], ...]. Values are parsed by Lua's tonumber (exact for the client's repr text).
+_INGEST = (
+    _RECORD
+    + """
 local plan = cjson.decode(ARGV[1])
 local events = cjson.decode(ARGV[2])
 local prefix = plan.prefix
@@ -52,19 +68,28 @@ for r = 1, #events do
   for i, e in ipairs(plan.entities) do ids[e] = ev[i + 1] end
   local vals = ev[nent + 2]
   for _, g in ipairs(plan.groups) do
-    local k = math.floor(t / g.b)
+    local k = string.format('%d', math.floor(t / g.b))
     local key = prefix .. 'a:' .. g.e .. ':' .. ids[g.e] .. ':' .. g.b
-    redis.call('HINCRBY', key, k .. ':c', 1)
-    for _, f in ipairs(g.sums) do redis.call('HINCRBYFLOAT', key, k .. ':s:' .. f, vals[f]) end
-    for _, f in ipairs(g.maxes) do
-      local mk = k .. ':m:' .. f
-      local cur = redis.call('HGET', key, mk)
-      if (not cur) or tonumber(vals[f]) > tonumber(cur) then redis.call('HSET', key, mk, vals[f]) end
+    local old = redis.call('HGET', key, k)
+    local rec
+    if old and #old == g.size then
+      rec = {struct.unpack(g.fmt, old)}
+      rec[#rec] = nil  -- struct.unpack also returns the next position
+    else
+      rec = empty_record(g)
     end
+    rec[1] = rec[1] + 1
+    local ns = #g.sums
+    for i, f in ipairs(g.sums) do rec[1 + i] = rec[1 + i] + tonumber(vals[f]) end
+    for i, f in ipairs(g.maxes) do
+      local x = tonumber(vals[f])
+      if x > rec[1 + ns + i] then rec[1 + ns + i] = x end
+    end
+    redis.call('HSET', key, k, struct.pack(g.fmt, unpack(rec)))
     if redis.call('HLEN', key) > g.prune_len then
-      local keep = k - g.n - 1
+      local keep = tonumber(k) - g.n - 1
       for _, f in ipairs(redis.call('HKEYS', key)) do
-        if tonumber(string.match(f, '^(-?%d+):')) < keep then redis.call('HDEL', key, f) end
+        if tonumber(string.match(f, '^(-?%d+)')) < keep then redis.call('HDEL', key, f) end
       end
     end
     redis.call('EXPIRE', key, g.ttl)
@@ -83,76 +108,126 @@ for r = 1, #events do
 end
 return #events
 """
+)
 
 # ARGV[1]: the plan (AggregatePlan.script_plan), ARGV[2]: rows as JSON [[t, id of each plan entity], ...].
-# Returns one string per row and aggregate ("" where the aggregate takes its default).
-_READ = """
+# Returns per row: for each bucket group, its window's n bucket records concatenated (oldest first, absent
+# buckets as the empty record); then for each distinct / since_last aggregate (plan order) its value, an
+# integer (-1 where it takes its default). The windowed count / sum / mean / max are computed by the client
+# (numpy). Lua's number-to-string conversions and string building dominate the script's own time, so key
+# parts are built once per call and bucket suffixes once per bucket; a distinct count is merged once per
+# entity and window in a call (rows of a batch often share a popular merchant), and only over the buckets
+# that hold events where a bucket group of the same entity and bucket length covers its window (an event
+# writes its bucket record and its HyperLogLogs together; a bucket pruned from the hash, past retention,
+# no longer counts as distinct either). Every row gets its own HMGET per bucket group (the unit tests count
+# them).
+_READ = (
+    _RECORD
+    + """
 local plan = cjson.decode(ARGV[1])
 local rows = cjson.decode(ARGV[2])
 local prefix = plan.prefix
 local out = {}
-local field_cache = {}  -- rows of a batch mostly share their buckets: build each field list once
-for gi = 1, #plan.groups do field_cache[gi] = {} end
+local digits = {}  -- bucket number -> its decimal text
+local function text(k)
+  local s = digits[k]
+  if s == nil then s = string.format('%d', k); digits[k] = s end
+  return s
+end
+local windows = {}  -- [n][first] -> the n bucket numbers from first, as text (field names and key suffixes)
+local function window(first, n)
+  local byn = windows[n]
+  if byn == nil then byn = {}; windows[n] = byn end
+  local w = byn[first]
+  if w == nil then
+    w = {}
+    for k = first, first + n - 1 do w[#w + 1] = text(k) end
+    byn[first] = w
+  end
+  return w
+end
+local groups = {}
+for gi, g in ipairs(plan.groups) do
+  groups[gi] = {e = g.e, b = g.b, n = g.n, size = g.size, pre = prefix .. 'a:' .. g.e .. ':',
+                suf = ':' .. text(g.b), empty = struct.pack(g.fmt, unpack(empty_record(g))), track = false}
+end
+local others = {}
+for _, a in ipairs(plan.aggs) do
+  if a.op == 'since_last' then
+    others[#others + 1] = {last = true, e = a.e, pre = prefix .. 'l:' .. a.e .. ':'}
+  elseif a.op == 'distinct' then
+    local d = {e = a.e, b = a.b, n = a.n, pre = prefix .. 'h:' .. a.e .. ':',
+               mid = ':' .. a.f .. ':' .. text(a.b) .. ':', seen = {}}
+    for gi, g in ipairs(groups) do  -- a bucket group covering the same buckets tells which hold events
+      if d.gi == nil and g.e == a.e and g.b == a.b and g.n >= a.n then
+        d.gi, d.off, g.track = gi, g.n - a.n, true
+      end
+    end
+    others[#others + 1] = d
+  end
+end
+local entities = plan.entities
 for r = 1, #rows do
   local row = rows[r]
   local t = row[1]
   local ids = {}
-  for i, e in ipairs(plan.entities) do ids[e] = row[i + 1] end
-  local hashes = {}
-  for gi, g in ipairs(plan.groups) do
-    local first = math.floor(t / g.b) - g.n
-    local fields = field_cache[gi][first]
-    if fields == nil then
-      fields = {}
-      for k = first, first + g.n - 1 do
-        for _, name in ipairs(g.names) do fields[#fields + 1] = k .. ':' .. name end
+  for i = 1, #entities do ids[entities[i]] = row[i + 1] end
+  local present = {}
+  for gi = 1, #groups do
+    local g = groups[gi]
+    local key = g.pre .. ids[g.e] .. g.suf
+    local got = redis.call('HMGET', key, unpack(window(math.floor(t / g.b) - g.n, g.n)))
+    local e, size = g.empty, g.size
+    if g.track then
+      local p = {}
+      for i = 1, g.n do
+        local v = got[i]
+        if not v or #v ~= size then got[i] = e; p[i] = false else p[i] = true end
       end
-      field_cache[gi][first] = fields
-    end
-    hashes[gi] = redis.call('HMGET', prefix .. 'a:' .. g.e .. ':' .. ids[g.e] .. ':' .. g.b, unpack(fields))
-  end
-  for _, a in ipairs(plan.aggs) do
-    local v = nil
-    if a.op == 'since_last' then
-      local key = prefix .. 'l:' .. a.e .. ':' .. ids[a.e]
-      local got = redis.call('ZREVRANGEBYSCORE', key, '(' .. t, '-inf', 'WITHSCORES', 'LIMIT', 0, 1)
-      if #got > 0 then v = t - tonumber(got[2]) end
-    elseif a.op == 'distinct' then
-      local now = math.floor(t / a.b)
-      local base = prefix .. 'h:' .. a.e .. ':' .. ids[a.e] .. ':' .. a.f .. ':' .. a.b .. ':'
-      local keys = {}
-      for k = now - a.n, now - 1 do keys[#keys + 1] = base .. k end
-      v = redis.call('PFCOUNT', unpack(keys))
+      present[gi] = p
     else
-      local g = plan.groups[a.g]
-      local vals = hashes[a.g]
-      local w = #g.names
-      local count, total, best = 0, 0, nil
-      for k = g.n - a.n, g.n - 1 do
-        local c = vals[k * w + 1]
-        if c then count = count + tonumber(c) end
-        if a.col > 0 then
-          local x = vals[k * w + 1 + a.col]
-          if x then
-            x = tonumber(x)
-            if a.op == 'max' then
-              if best == nil or x > best then best = x end
-            else
-              total = total + x
-            end
-          end
-        end
+      for i = 1, g.n do
+        local v = got[i]
+        if not v or #v ~= size then got[i] = e end
       end
-      if a.op == 'count' then v = count
-      elseif a.op == 'sum' then v = total
-      elseif a.op == 'mean' then if count > 0 then v = total / count end
-      else v = best end
     end
-    if v == nil then out[#out + 1] = '' else out[#out + 1] = string.format('%.17g', v) end
+    out[#out + 1] = table.concat(got)
+  end
+  local before = nil
+  for oi = 1, #others do
+    local a = others[oi]
+    local v = -1
+    if a.last then
+      before = before or ('(' .. text(t))
+      local got = redis.call('ZREVRANGEBYSCORE', a.pre .. ids[a.e], before, '-inf', 'LIMIT', 0, 1)
+      if #got > 0 then v = t - tonumber(got[1]) end  -- member = score = the event time
+    else
+      local base = a.pre .. ids[a.e] .. a.mid
+      local first = math.floor(t / a.b) - a.n
+      local seen = a.seen[base]
+      if seen == nil then seen = {}; a.seen[base] = seen end
+      v = seen[first]
+      if v == nil then
+        local suffixes = window(first, a.n)
+        local keys = {}
+        if a.gi then  -- only the buckets that hold events have a HyperLogLog
+          local p, off = present[a.gi], a.off
+          for i = 1, a.n do
+            if p[off + i] then keys[#keys + 1] = base .. suffixes[i] end
+          end
+        else
+          for i = 1, a.n do keys[i] = base .. suffixes[i] end
+        end
+        if #keys == 0 then v = 0 else v = redis.call('PFCOUNT', unpack(keys)) end
+        seen[first] = v
+      end
+    end
+    out[#out + 1] = v
   end
 end
 return out
 """
+)
 
 
 @dataclass(frozen=True)
@@ -190,6 +265,7 @@ class AggregatePlan:
     last_seen: list[str] = field(default_factory=list)  # entity kinds with a since_last aggregate
     last_seen_ttl_s: int = MIN_LAST_SEEN_TTL_S
     _script_plans: dict[str, str] = field(default_factory=dict)
+    _windowing: _Windowing | None = None
 
     @classmethod
     def of(cls, spec: FeatureSetSpec) -> AggregatePlan:
@@ -223,6 +299,15 @@ class AggregatePlan:
     def group_of(self, a: Aggregate) -> BucketGroup:
         return next(g for g in self.groups if g.entity == a.entity and g.bucket_s == a.bucket_s)
 
+    def column_of(self, a: Aggregate) -> int:
+        """Where a count / sum / mean / max aggregate reads in its group's bucket record (count: 0)."""
+        g = self.group_of(a)
+        if a.op == "count":
+            return 0
+        if a.op == "max":
+            return 1 + len(g.sum_fields) + g.max_fields.index(a.field or "")
+        return 1 + g.sum_fields.index(a.field or "")
+
     @property
     def entity_order(self) -> list[str]:
         return sorted(self.entities)
@@ -232,10 +317,9 @@ class AggregatePlan:
         cached = self._script_plans.get(key_prefix)
         if cached is not None:
             return cached
-        groups = [{"e": g.entity, "b": g.bucket_s, "n": g.buckets,
-                   "names": ["c", *(f"s:{f}" for f in g.sum_fields), *(f"m:{f}" for f in g.max_fields)],
+        groups = [{"e": g.entity, "b": g.bucket_s, "n": g.buckets, "fmt": "<" + "d" * g.width, "size": 8 * g.width,
                    "sums": list(g.sum_fields), "maxes": list(g.max_fields), "ttl": (g.buckets + 2) * g.bucket_s,
-                   "prune_len": 4 * (g.buckets + 2) * g.width}
+                   "prune_len": 4 * (g.buckets + 2)}
                   for g in self.groups]  # fmt: skip
         distinct = [{"e": d.entity, "f": d.field, "b": d.bucket_s, "ttl": (d.buckets + 2) * d.bucket_s}
                     for d in self.distinct]  # fmt: skip
@@ -244,11 +328,6 @@ class AggregatePlan:
             item: dict[str, object] = {"op": a.op, "e": a.entity}
             if a.op == "distinct":
                 item |= {"f": a.field, "b": a.bucket_s, "n": a.window_s // a.bucket_s}
-            elif a.op != "since_last":
-                g = self.group_of(a)
-                names = groups[self.groups.index(g)]["names"]
-                col = 0 if a.op == "count" else names.index(("m:" if a.op == "max" else "s:") + (a.field or ""))
-                item |= {"g": self.groups.index(g) + 1, "n": a.window_s // a.bucket_s, "col": col}
             aggs.append(item)
         text = json.dumps({"prefix": key_prefix, "entities": self.entity_order, "groups": groups, "aggs": aggs,
                            "distinct": distinct, "last": self.last_seen, "last_ttl": self.last_seen_ttl_s,
@@ -263,6 +342,65 @@ class AggregateResult:
 
     values: dict[int, np.ndarray]
     defaulted: np.ndarray  # (rows,) bool
+
+
+@dataclass(frozen=True)
+class _Windowing:
+    """How the client turns the read script's reply into aggregates (derived once per plan)."""
+
+    groups: list[BucketGroup]
+    bucketed: list[tuple[int, str, float, int, int, int]]  # (feature index, op, default, group, first bucket, col)
+    others: list[tuple[int, float]]  # distinct / since_last in reply order: (feature index, default)
+
+
+def _windowing(plan: AggregatePlan) -> _Windowing:
+    cached = plan._windowing
+    if cached is None:
+        bucketed, others = [], []
+        for fi, a in plan.aggregates:
+            if a.op in ("since_last", "distinct"):
+                others.append((fi, a.default))
+                continue
+            g = plan.group_of(a)
+            first = g.buckets - a.window_s // a.bucket_s
+            bucketed.append((fi, a.op, a.default, plan.groups.index(g), first, plan.column_of(a)))
+        cached = plan._windowing = _Windowing(list(plan.groups), bucketed, others)
+    return cached
+
+
+def _windowed(plan: AggregatePlan, raw: list[bytes | int], rows: int) -> AggregateResult:
+    """Every aggregate of every row from the read script's replies: bucket records windowed in numpy."""
+    w = _windowing(plan)
+    ngroups = len(w.groups)
+    reply = np.array(raw, dtype=object).reshape(rows, ngroups + len(w.others))
+    values: dict[int, np.ndarray] = {}
+    defaulted = np.zeros(rows, dtype=bool)
+    records = [
+        np.frombuffer(b"".join(reply[:, gi].tolist()), dtype="<f8").reshape(rows, g.buckets, g.width)
+        for gi, g in enumerate(w.groups)
+    ]
+    for fi, op, default, gi, first, col in w.bucketed:
+        window = records[gi][:, first:, :]
+        column = window[:, :, col]
+        if op == "count" or op == "sum":
+            values[fi] = column.sum(axis=1)
+            continue
+        if op == "max":
+            best = column.max(axis=1)
+            empty = best == -np.inf
+            values[fi] = np.where(empty, default, best)
+        else:  # mean
+            count = window[:, :, 0].sum(axis=1)
+            empty = count == 0
+            values[fi] = np.where(empty, default, column.sum(axis=1) / np.where(empty, 1.0, count))
+        defaulted |= empty
+    if w.others:
+        numbers = reply[:, ngroups:].astype(np.float64)
+        empty = numbers < 0
+        for j, (fi, default) in enumerate(w.others):
+            values[fi] = np.where(empty[:, j], default, numbers[:, j])
+        defaulted |= empty.any(axis=1)
+    return AggregateResult(values, defaulted)
 
 
 class OnlineStore:
@@ -328,10 +466,11 @@ class OnlineStore:
                    budget_s: float) -> AggregateResult:  # fmt: skip
         """Every aggregate of every row as of the row's event time, in one pipelined round trip.
 
-        A read script walks the rows inside Redis (HMGET per bucket group, PFCOUNT over the window's
-        HyperLogLogs, ZREVRANGEBYSCORE for the last event before t) and returns one value per row and
-        aggregate, so client-side packing and parsing stay proportional to the answer, not to the
-        buckets read. One script call per READ_CHUNK_ROWS rows, all in one pipeline and one execute.
+        A read script walks the rows inside Redis (one HMGET of the window's buckets per bucket group,
+        PFCOUNT over the window's HyperLogLogs, ZREVRANGEBYSCORE for the last event before t) and returns
+        per row one binary string of bucket records per group (windowed here with numpy) and one integer
+        per distinct / since_last aggregate. One script call per READ_CHUNK_ROWS rows, all in one
+        pipeline and one execute.
         Raises FAILURES (or TimeoutError past the budget): the caller degrades.
         """
         ts = columns[ts_field].astype(np.int64)
@@ -345,15 +484,7 @@ class OnlineStore:
                 replies = await self._run_read(script_plan, chunks, self.read_script.sha)
             except NoScriptError:  # a restarted or different server: send the script itself (rarely)
                 replies = await self._run_read(script_plan, chunks, None)
-        raw = [v for reply in replies for v in reply]
-        width = len(plan.aggregates)
-        text = np.array(raw, dtype=object).reshape(rows, width) if width else np.empty((rows, 0), dtype=object)
-        empty = text == b""
-        numbers = np.where(empty, b"0", text).astype(np.float64)
-        values: dict[int, np.ndarray] = {}
-        for j, (fi, a) in enumerate(plan.aggregates):
-            values[fi] = np.where(empty[:, j], a.default, numbers[:, j])
-        return AggregateResult(values, empty.any(axis=1))
+        return _windowed(plan, [v for reply in replies for v in reply], rows)
 
     async def _run_read(self, script_plan: str, chunks: list[str], sha: str | None) -> list[list[bytes]]:
         """One pipeline, one execute: a read script call per chunk of rows (so Redis serves others in between)."""

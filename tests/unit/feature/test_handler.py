@@ -32,7 +32,7 @@ async def test_fraud_v1_request_and_static_features(make_handler: Make) -> None:
     m = result.matrix
     assert m.shape == (2, 64) and m.dtype == np.float32
     assert m[0, col(handler, "amount_log")] == pytest.approx(math.log1p(120.5))
-    assert m[0, col(handler, "amount_z")] == pytest.approx((120.5 - 85) / 120)
+    assert m[0, col(handler, "amount_z")] == pytest.approx((120.5 - 68.63) / 91.06)
     hour = (T0 % 86400) / 3600
     assert m[0, col(handler, "hour_sin")] == pytest.approx(math.sin(2 * math.pi * hour / 24), abs=1e-6)
     assert m[0, col(handler, "weekday_cos")] == pytest.approx(math.cos(2 * math.pi * (1 + hour / 24) / 7), abs=1e-6)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from sklearn.metrics import roc_auc_score
 
 from models.build import BUILDERS, MODELS_DIR, BuiltModel, build_models
 from models.fraud_mlp import make_dataset
@@ -99,14 +100,13 @@ def test_outputs_match_config(builds: tuple[dict[str, BuiltModel], ...], name: s
 
 def test_fraud_scores_are_probabilities(builds: tuple[dict[str, BuiltModel], ...]) -> None:
     module = _load(builds[0]["fraud_mlp"], 1)
-    x, y = make_dataset(seed=7, n=2_000)
+    data = make_dataset(seed=7, users=300, days=10, episodes=25)  # a fresh, smaller stream
+    x, y = torch.from_numpy(data.x), torch.from_numpy(data.y)
     extreme = torch.tensor([[-1e3] * 64, [1e3] * 64, [0.0] * 64])
     with torch.no_grad():
-        scores = module(torch.cat([torch.from_numpy(x), extreme]))
+        scores = module(torch.cat([x, extreme]))
     assert scores.dtype == torch.float32 and scores.shape == (len(x) + 3, 1)
     assert torch.isfinite(scores).all()
     assert float(scores.min()) >= 0.0 and float(scores.max()) <= 1.0
-    # a fresh sample from the same distribution still ranks fraud above the rest
-    assert float(scores[: len(x)][torch.from_numpy(y) == 1].mean()) > float(
-        scores[: len(x)][torch.from_numpy(y) == 0].mean()
-    )
+    # a fresh stream from the same generator, through the same feature code, still ranks fraud above the rest
+    assert roc_auc_score(y.numpy(), scores[: len(x), 0].numpy()) >= 0.85
