@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -139,3 +140,45 @@ async def test_out_of_order_and_pruned_buckets(valkey: ValkeyServer, tmp_path: P
         assert sizes and max(sizes) <= 4 * (10 + 2) * 3  # pruned: no field per bucket since the start
     finally:
         client.close()
+
+
+TTL_YAML = """\
+name: short
+version: 1
+timestamp_field: ts
+inputs: {ts: int64, user: string, merchant: string}
+entities: {user: user}
+features:
+  - {name: u_count_2s, kind: aggregate, entity: user, op: count, window: 2s, bucket: 1s}
+  - {name: u_merchants_2s, kind: aggregate, entity: user, op: distinct, field: merchant, window: 2s, bucket: 1s}
+"""
+
+
+async def test_buckets_expire_after_their_window(valkey: ValkeyServer, tmp_path: Path) -> None:
+    """Every bucket structure carries a TTL of (window + 2 buckets); once it passes, the keys are gone and
+    the aggregates read as the reference does for that (later) time: empty."""
+    (tmp_path / "short_v1.yaml").write_text(TTL_YAML)
+    handler = FeatureHandler(feature_settings(features_dir=tmp_path), valkey.connection_url)
+    client = redis.Redis.from_url(valkey.connection_url)
+    try:
+        await handler.store.client.flushall()
+        now = int(time.time())
+        await handler.ingest("short_v1", [{"ts": now, "user": "u0", "merchant": m} for m in ("m0", "m1")])
+        keys = [k for k in client.scan_iter(match="*user:u0*") if client.type(k) != b"zset"]
+        assert keys, "no aggregate keys were written"
+        ttls = [client.pttl(k) for k in keys]
+        assert all(0 < ttl <= 4000 for ttl in ttls), ttls
+        later = {"ts": now + 1, "user": "u0", "merchant": "m9"}
+        seen = await handler.compute("short_v1", [later])
+        assert list(seen.matrix[0]) == [2.0, 2.0]  # inside the window: both events count
+        for _ in range(50):  # the TTL is at most 4 s; poll for up to 10 s
+            if not any(client.exists(k) for k in keys):
+                break
+            await asyncio.sleep(0.2)
+        assert not any(client.exists(k) for k in keys), "bucket keys outlived their TTL"
+        gone = await handler.compute("short_v1", [{**later, "ts": now + 5}])
+        assert list(gone.matrix[0]) == [0.0, 0.0]
+        assert not gone.degraded.any()
+    finally:
+        client.close()
+        await handler.close()
