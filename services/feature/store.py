@@ -119,8 +119,8 @@ return #events
 # entity and window in a call (rows of a batch often share a popular merchant), and only over the buckets
 # that hold events where a bucket group of the same entity and bucket length covers its window (an event
 # writes its bucket record and its HyperLogLogs together; a bucket pruned from the hash, past retention,
-# no longer counts as distinct either). Every row gets its own HMGET per bucket group (the unit tests count
-# them).
+# no longer counts as distinct either). One HMGET per bucket group, entity and as-of bucket in a call: rows of
+# a batch that share them (a popular merchant) share the read (the unit tests count them).
 _READ = (
     _RECORD
     + """
@@ -167,6 +167,7 @@ for _, a in ipairs(plan.aggs) do
   end
 end
 local entities = plan.entities
+local memo = {}  -- rows of a batch that share an entity and an as-of bucket share its HMGET
 for r = 1, #rows do
   local row = rows[r]
   local t = row[1]
@@ -176,22 +177,22 @@ for r = 1, #rows do
   for gi = 1, #groups do
     local g = groups[gi]
     local key = g.pre .. ids[g.e] .. g.suf
-    local got = redis.call('HMGET', key, unpack(window(math.floor(t / g.b) - g.n, g.n)))
-    local e, size = g.empty, g.size
-    if g.track then
+    local first = math.floor(t / g.b) - g.n
+    local memo_key = key .. '#' .. text(first)
+    local hit = memo[memo_key]
+    if hit == nil then
+      local got = redis.call('HMGET', key, unpack(window(first, g.n)))
+      local e, size = g.empty, g.size
       local p = {}
       for i = 1, g.n do
         local v = got[i]
         if not v or #v ~= size then got[i] = e; p[i] = false else p[i] = true end
       end
-      present[gi] = p
-    else
-      for i = 1, g.n do
-        local v = got[i]
-        if not v or #v ~= size then got[i] = e end
-      end
+      hit = {table.concat(got), p}
+      memo[memo_key] = hit
     end
-    out[#out + 1] = table.concat(got)
+    if g.track then present[gi] = hit[2] end
+    out[#out + 1] = hit[1]
   end
   local before = nil
   for oi = 1, #others do
