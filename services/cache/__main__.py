@@ -8,7 +8,7 @@ import logging
 from services.cache.handler import CacheHandler
 from services.cache.servicer import SERVICE_NAME, CacheServicer
 from services.cache.settings import CacheServiceSettings
-from services.common.embedded import EmbeddedValkey
+from services.common.embedded import redis_url_or_embedded
 from services.common.logs import setup_logging
 from services.common.server import GrpcService
 from services.protos import cache_pb2_grpc
@@ -17,22 +17,16 @@ log = logging.getLogger("services.cache")
 
 
 async def serve(settings: CacheServiceSettings) -> None:
-    embedded = None if settings.redis_url else EmbeddedValkey()
-    url = settings.redis_url or await embedded.start()
-    handler = CacheHandler(settings, url)
-    service = GrpcService("cache", settings, [SERVICE_NAME])
-    cache_pb2_grpc.add_CacheServiceServicer_to_server(CacheServicer(handler), service.server)
+    async with redis_url_or_embedded(settings.redis_url) as url:
+        handler = CacheHandler(settings, url)
+        service = GrpcService("cache", settings, [SERVICE_NAME])
+        cache_pb2_grpc.add_CacheServiceServicer_to_server(CacheServicer(handler), service.server)
 
-    async def on_start() -> None:
-        if not await handler.redis.ping():
-            log.warning("redis at %s does not answer; serving from L1 only until it does", url)
+        async def on_start() -> None:
+            if not await handler.redis.ping():
+                log.warning("redis at %s does not answer; serving from L1 only until it does", url)
 
-    async def on_stop() -> None:
-        await handler.close()
-        if embedded is not None:
-            await embedded.stop()
-
-    await service.run(on_start, on_stop)
+        await service.run(on_start, handler.close)
 
 
 def main() -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 log = logging.getLogger(__name__)
 
@@ -26,3 +28,16 @@ class EmbeddedValkey:
     async def stop(self) -> None:
         if self.server.is_running():
             await asyncio.to_thread(self.server.stop)
+
+
+@asynccontextmanager
+async def redis_url_or_embedded(configured: str | None) -> AsyncIterator[str]:
+    """The configured Redis URL, or an embedded Valkey's for the duration of the block."""
+    if configured:
+        yield configured
+        return
+    embedded = EmbeddedValkey()
+    try:
+        yield await embedded.start()
+    finally:
+        await embedded.stop()

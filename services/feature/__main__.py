@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from services.common.embedded import EmbeddedValkey
+from services.common.embedded import redis_url_or_embedded
 from services.common.logs import setup_logging
 from services.common.server import GrpcService
 from services.feature.handler import FeatureHandler
@@ -17,22 +17,16 @@ log = logging.getLogger("services.feature")
 
 
 async def serve(settings: FeatureServiceSettings) -> None:
-    embedded = None if settings.redis_url else EmbeddedValkey()
-    url = settings.redis_url or await embedded.start()
-    handler = FeatureHandler(settings, url)
-    service = GrpcService("feature", settings, [SERVICE_NAME])
-    feature_pb2_grpc.add_FeatureServiceServicer_to_server(FeatureServicer(handler), service.server)
+    async with redis_url_or_embedded(settings.redis_url) as url:
+        handler = FeatureHandler(settings, url)
+        service = GrpcService("feature", settings, [SERVICE_NAME])
+        feature_pb2_grpc.add_FeatureServiceServicer_to_server(FeatureServicer(handler), service.server)
 
-    async def on_start() -> None:
-        if not await handler.store.prepare():
-            log.warning("redis at %s does not answer; aggregates take their defaults until it does", url)
+        async def on_start() -> None:
+            if not await handler.store.prepare():
+                log.warning("redis at %s does not answer; aggregates take their defaults until it does", url)
 
-    async def on_stop() -> None:
-        await handler.close()
-        if embedded is not None:
-            await embedded.stop()
-
-    await service.run(on_start, on_stop)
+        await service.run(on_start, handler.close)
 
 
 def main() -> None:
