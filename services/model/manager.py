@@ -110,6 +110,8 @@ class ModelManager:
     async def load(self, name: str) -> None:
         """(Re)load a model: new or changed versions load and warm up, then switch in atomically; versions
         that left the policy drain and unload. A broken version never replaces the working ones."""
+        if name not in self.models and not self.repository.has_model(name):
+            raise NotFound(f"model '{name}' is not in the repository {self.repository.root}")
         entry = self.models.setdefault(name, ModelEntry(name))
         async with entry.lock:
             try:

@@ -57,7 +57,7 @@ def test_model_config_is_tritons_message(client: triton.InferenceServerClient) -
     assert config.HasField("dynamic_batching")
     unbatched = client.get_model_config("mlp").config
     assert not unbatched.HasField("dynamic_batching")
-    assert list(unbatched.version_policy.latest.ListFields()[0][1:]) == [2]
+    assert unbatched.version_policy.latest.num_versions == 2
 
 
 def test_infer_raw_contents_matches_torch(client: triton.InferenceServerClient) -> None:
@@ -241,3 +241,7 @@ def test_repository_index_load_unload(client: triton.InferenceServerClient) -> N
     with pytest.raises(InferenceServerException) as err:
         client.load_model("does_not_exist")
     assert status_of(err.value) == "NOT_FOUND"
+    with pytest.raises(InferenceServerException) as err:  # a failed load leaves no trace of the name
+        infer(client, "does_not_exist", rows(1))
+    assert status_of(err.value) == "NOT_FOUND"
+    assert "does_not_exist" not in {m.name for m in client.get_model_repository_index().models}
