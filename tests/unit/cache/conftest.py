@@ -13,6 +13,7 @@ from services.cache.servicer import SERVICE_NAME, CacheServicer
 from services.cache.settings import CacheServiceSettings
 from services.common.server import GrpcService
 from services.protos import cache_pb2_grpc
+from tests.helpers.inprocess import serving_in_process
 
 
 def cache_settings(**overrides: Any) -> CacheServiceSettings:
@@ -42,10 +43,6 @@ async def make_handler(valkey: ValkeyServer) -> AsyncIterator[Callable[..., Cach
 async def cache_server(make_handler: Callable[..., CacheHandler]) -> AsyncIterator[GrpcService]:
     """The real CacheService on a loopback port (GrpcService, shared interceptors), in this process."""
     handler = make_handler()
-    service = GrpcService("cache", handler.settings, [SERVICE_NAME])
-    cache_pb2_grpc.add_CacheServiceServicer_to_server(CacheServicer(handler), service.server)
-    service.handler = handler  # type: ignore[attr-defined]
-    await service.start()
-    await service.set_serving(True)
-    yield service
-    await service.server.stop(0)
+    register = lambda server: cache_pb2_grpc.add_CacheServiceServicer_to_server(CacheServicer(handler), server)  # noqa: E731
+    async with serving_in_process("cache", handler.settings, SERVICE_NAME, register, handler) as service:
+        yield service

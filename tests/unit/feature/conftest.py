@@ -14,6 +14,7 @@ from services.feature.handler import FeatureHandler
 from services.feature.servicer import SERVICE_NAME, FeatureServicer
 from services.feature.settings import FeatureServiceSettings
 from services.protos import feature_pb2_grpc
+from tests.helpers.inprocess import serving_in_process
 
 T0 = 1_700_000_000  # a Tuesday, 22:13:20 UTC
 
@@ -53,10 +54,6 @@ async def make_handler(valkey: ValkeyServer) -> AsyncIterator[Callable[..., Feat
 async def feature_server(make_handler: Callable[..., FeatureHandler]) -> AsyncIterator[GrpcService]:
     """The real FeatureService on a loopback port (GrpcService, shared interceptors), in this process."""
     handler = make_handler()
-    service = GrpcService("feature", handler.settings, [SERVICE_NAME])
-    feature_pb2_grpc.add_FeatureServiceServicer_to_server(FeatureServicer(handler), service.server)
-    service.handler = handler  # type: ignore[attr-defined]
-    await service.start()
-    await service.set_serving(True)
-    yield service
-    await service.server.stop(0)
+    register = lambda server: feature_pb2_grpc.add_FeatureServiceServicer_to_server(FeatureServicer(handler), server)  # noqa: E731
+    async with serving_in_process("feature", handler.settings, SERVICE_NAME, register, handler) as service:
+        yield service

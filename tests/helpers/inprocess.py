@@ -1,0 +1,32 @@
+"""A real service's GrpcService (shared interceptors, health, reflection) on a loopback port, in this process."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import grpc
+
+from services.common.server import GrpcService
+from services.common.settings import ServiceSettings
+
+
+@asynccontextmanager
+async def serving_in_process(
+    name: str,
+    settings: ServiceSettings,
+    service_name: str,
+    register: Callable[[grpc.aio.Server], None],
+    handler: Any,
+) -> AsyncIterator[GrpcService]:
+    """Start the server with `register` applied, SERVING; `service.handler` is the domain handler under test."""
+    service = GrpcService(name, settings, [service_name])
+    register(service.server)
+    service.handler = handler  # type: ignore[attr-defined]
+    await service.start()
+    await service.set_serving(True)
+    try:
+        yield service
+    finally:
+        await service.server.stop(0)
