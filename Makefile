@@ -14,7 +14,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON_SYS) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[model,cache,feature,train,dev]'
+	$(PY) -m pip install -q -e '.[model,cache,feature,gateway,cli,train,dev]'
 	@touch $(STAMP)
 
 models: $(MODELS_STAMP)
@@ -43,8 +43,8 @@ lint: $(STAMP)
 test: setup models
 	@bash tools/ensure_system_packages.sh
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
-	$(PY) -m pytest tests/integration $(PYTEST_ARGS)
+	$(PY) -m pytest tests/unit $(wildcard tests/manifests) $(PYTEST_ARGS)
+	$(PY) -m pytest tests/integration $(wildcard tests/mesh) $(PYTEST_ARGS)
 
 run: setup models
 	$(PY) tools/run_model_demo.py
