@@ -27,7 +27,11 @@ async def serve(settings: ModelServiceSettings) -> None:
         torch.set_num_threads(settings.torch_threads)
     register_gpu_metrics()
     service = GrpcService("model", settings, [SERVICE_NAME])
-    manager = ModelManager(ModelRepository(settings.repository), drain_timeout_s=settings.grace_period_s)
+    manager = ModelManager(
+        ModelRepository(settings.repository),
+        drain_timeout_s=settings.grace_period_s,
+        pinned_versions=settings.pinned_versions,
+    )
     dataplane = DataPlane(manager, service.lifecycle)
     inference_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(dataplane), service.server)
     stop_watch = asyncio.Event()

@@ -41,9 +41,15 @@ class ModelEntry:
 class ModelManager:
     """The set of served models; every public method runs on the event loop."""
 
-    def __init__(self, repository: ModelRepository, drain_timeout_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        repository: ModelRepository,
+        drain_timeout_s: float = 30.0,
+        pinned_versions: dict[str, list[int]] | None = None,
+    ) -> None:
         self.repository = repository
         self.drain_timeout_s = drain_timeout_s
+        self.pinned_versions = {name: sorted(set(vs)) for name, vs in (pinned_versions or {}).items()}
         self.models: dict[str, ModelEntry] = {}
         self._retiring: set[asyncio.Task[None]] = set()
 
@@ -107,6 +113,14 @@ class ModelManager:
             except MeshserveError as exc:
                 log.error("model %s failed to load: %s", name, exc)
 
+    def select_versions(self, name: str, config: ModelConfig, available: list[int]) -> list[int]:
+        """The versions to serve: the pinned ones present on disk if this replica pins the model (one mesh
+        subset per replica), else the model's version_policy."""
+        pinned = self.pinned_versions.get(name)
+        if pinned is not None:
+            return [v for v in sorted(available) if v in pinned]
+        return config.version_policy.select(available)
+
     async def load(self, name: str) -> None:
         """(Re)load a model: new or changed versions load and warm up, then switch in atomically; versions
         that left the policy drain and unload. A broken version never replaces the working ones."""
@@ -121,9 +135,10 @@ class ModelManager:
                 log.error("%s", exc)
                 raise
             available = self.repository.versions(name)
-            desired = config.version_policy.select(available)
+            desired = self.select_versions(name, config, available)
             if not desired:
-                entry.reason = f"no version folder of '{name}' matches its version_policy (on disk: {available})"
+                policy = "pinned_versions" if name in self.pinned_versions else "version_policy"
+                entry.reason = f"no version folder of '{name}' matches its {policy} (on disk: {available})"
                 raise InvalidArgument(entry.reason)
             loaded: dict[int, ModelVersion] = {}
             failures: dict[int, str] = {}

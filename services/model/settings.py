@@ -25,3 +25,10 @@ class ModelServiceSettings(ServiceSettings):
     watch_debounce_ms: int = Field(500, ge=50, description="Quiet time after a change before reloading.")
     watch_force_polling: bool = Field(False, description="Poll instead of inotify (network filesystems).")
     torch_threads: int = Field(0, ge=0, description="torch intra-op threads per process (0: torch's default).")
+    pinned_versions: dict[str, list[int]] = Field(
+        default_factory=dict,
+        description=(
+            "Per model, the only versions this replica loads (JSON, e.g. '{\"fraud_mlp\": [1]}'); overrides the "
+            "model's version_policy so that a replica serves one mesh subset (v1 or the v2 canary)."
+        ),
+    )
