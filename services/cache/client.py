@@ -64,11 +64,16 @@ class CacheClient:
         self.flights: SingleFlight[bytes] = SingleFlight()
 
     async def lookup(
-        self, keys: Sequence[bytes], pipeline: str = "", allow_stale: bool = False, budget_ms: float = 0.0
+        self,
+        keys: Sequence[bytes],
+        pipeline: str = "",
+        allow_stale: bool = False,
+        budget_ms: float = 0.0,
+        timeout_s: float | None = None,
     ) -> list[CachedValue | None]:
         request = pb.LookupRequest(keys=keys, pipeline=pipeline, allow_stale=allow_stale, budget_ms=budget_ms)
         try:
-            response = await self.stub.Lookup(request, timeout=self.timeout_s)
+            response = await self.stub.Lookup(request, timeout=timeout_s or self.timeout_s)
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
                 raise
@@ -86,12 +91,13 @@ class CacheClient:
         model_version: str,
         ttl_s: float,
         stale_ttl_s: float = 0.0,
+        timeout_s: float | None = None,
     ) -> bool:
         """Store one entry; False when it was not written to Redis (or the cache did not answer)."""
         entry = pb.StoreEntry(key=key, value=value, pipeline=pipeline, model_name=model_name,
                               model_version=model_version, ttl_s=ttl_s, stale_ttl_s=stale_ttl_s)  # fmt: skip
         try:
-            response = await self.stub.Store(pb.StoreRequest(entries=[entry]), timeout=self.timeout_s * 4)
+            response = await self.stub.Store(pb.StoreRequest(entries=[entry]), timeout=timeout_s or self.timeout_s * 4)
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
                 raise

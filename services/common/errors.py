@@ -9,6 +9,15 @@ class MeshserveError(Exception):
     """Base of every error a client may see; `code` is its gRPC status."""
 
     code: grpc.StatusCode = grpc.StatusCode.INTERNAL
+    # Trailing metadata sent with the status, e.g. a retry hint (("grpc-retry-pushback-ms", "50"),).
+    trailers: tuple[tuple[str, str], ...] = ()
+
+
+def error_with_code(code: grpc.StatusCode, message: str) -> MeshserveError:
+    """An error carrying a status another service returned (the gateway passes it on unchanged)."""
+    error = MeshserveError(message)
+    error.code = code
+    return error
 
 
 class InvalidArgument(MeshserveError):

@@ -79,6 +79,8 @@ class ErrorAndMetricsInterceptor(_CachingInterceptor):
                 return await behavior(request, context)
             except MeshserveError as exc:
                 code = exc.code
+                if exc.trailers:
+                    context.set_trailing_metadata(exc.trailers)
                 await context.abort(exc.code, str(exc))
             except grpc.aio.AbortError:
                 code = context.code() or grpc.StatusCode.UNKNOWN

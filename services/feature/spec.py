@@ -16,6 +16,8 @@ from typing import Annotated, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
+from services.common.yaml_docs import DocumentError, located_error, parse_yaml
+
 InputType = Literal["string", "int64", "double", "bool"]
 NUMERIC: tuple[str, ...] = ("int64", "double", "bool")
 _DURATION = re.compile(r"^(\d+)([smhd])$")
@@ -233,54 +235,12 @@ def output_names(feature: _Feature) -> list[str]:
     return [feature.name]
 
 
-class FeatureSetError(ValueError):
+class FeatureSetError(DocumentError):
     """A feature set file that does not validate; the message names file, line and field."""
 
 
-def _node_at(root: yaml.Node | None, loc: tuple[int | str, ...]) -> yaml.Node | None:
-    """The deepest YAML node along a pydantic error location (union tags that are not keys are skipped)."""
-    node = root
-    for part in loc:
-        if isinstance(node, yaml.MappingNode) and isinstance(part, str):
-            for key, value in node.value:
-                if key.value == part:
-                    node = key if value is None else value
-                    break
-            else:
-                continue  # a discriminator tag or a missing key: stay on the mapping
-        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and 0 <= part < len(node.value):
-            node = node.value[part]
-        else:
-            continue
-    return node
-
-
-def _key_node(root: yaml.Node | None, loc: tuple[int | str, ...]) -> yaml.Node | None:
-    """The key node of the last mapping key along loc (its line is where the offending key is written)."""
-    if not loc or not isinstance(loc[-1], str):
-        return _node_at(root, loc)
-    parent = _node_at(root, loc[:-1])
-    if isinstance(parent, yaml.MappingNode):
-        for key, _value in parent.value:
-            if key.value == loc[-1]:
-                return key
-    return parent
-
-
-def _field_path(loc: tuple[int | str, ...]) -> str:
-    text = ""
-    for part in loc:
-        if isinstance(part, int):
-            text += f"[{part}]"
-        elif not (text.endswith("]") and part in KINDS):  # skip the union tag pydantic puts after an index
-            text += ("." if text else "") + part
-    return text or "(top level)"
-
-
-def _error(path: Path, root: yaml.Node | None, loc: tuple[int | str, ...], message: str) -> FeatureSetError:
-    node = _key_node(root, loc)
-    line = node.start_mark.line + 1 if node is not None else 1
-    return FeatureSetError(f"{path}:{line}: {_field_path(loc)}: {message}")
+def _error(path: Path, root: yaml.Node | None, loc: tuple[int | str, ...], message: str) -> DocumentError:
+    return located_error(path, root, loc, message, FeatureSetError, KINDS)
 
 
 def _check_references(spec: FeatureSetSpec, base: Path) -> list[tuple[tuple[int | str, ...], str]]:
@@ -337,14 +297,7 @@ def _check_references(spec: FeatureSetSpec, base: Path) -> list[tuple[tuple[int 
 
 def load_spec(path: Path) -> FeatureSetSpec:
     """Parse and validate one feature set file; FeatureSetError names file, line and field on failure."""
-    text = path.read_text()
-    try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = mark.line + 1 if mark is not None else 1
-        raise FeatureSetError(f"{path}:{line}: (yaml): {exc}") from exc
+    data, root = parse_yaml(path, FeatureSetError)
     try:
         spec = FeatureSetSpec.model_validate(data)
     except ValidationError as exc:

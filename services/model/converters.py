@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from services.common.tensor_codec import decode_request_inputs, encode_raw
+from services.common.triton_config import MODEL_CONFIG_DATA_TYPES
 from services.model.config import ModelConfig
 from services.model.dataplane import InferenceRequest, InferenceResponse
 from services.model.stats import Duration, VersionStats
@@ -10,12 +11,7 @@ from services.model.version import ModelVersion
 from services.protos import inference_pb2 as pb
 from services.protos import model_config_pb2 as mc
 
-_DATA_TYPES = {
-    "BOOL": mc.TYPE_BOOL, "UINT8": mc.TYPE_UINT8, "UINT16": mc.TYPE_UINT16, "UINT32": mc.TYPE_UINT32,
-    "UINT64": mc.TYPE_UINT64, "INT8": mc.TYPE_INT8, "INT16": mc.TYPE_INT16, "INT32": mc.TYPE_INT32,
-    "INT64": mc.TYPE_INT64, "FP16": mc.TYPE_FP16, "FP32": mc.TYPE_FP32, "FP64": mc.TYPE_FP64,
-    "BF16": mc.TYPE_BF16, "BYTES": mc.TYPE_STRING,
-}  # fmt: skip
+_DATA_TYPES = MODEL_CONFIG_DATA_TYPES
 
 
 def infer_request_from_pb(request: pb.ModelInferRequest) -> InferenceRequest:

@@ -1,0 +1,190 @@
+"""Admission control: bounded in-flight work per pipeline and in total, an adaptive limit, priorities.
+
+Beyond its limit a request is refused at once (RESOURCE_EXHAUSTED with a retry hint) rather than
+queued into a timeout. Each pipeline's limit adapts to latency like Netflix's Gradient2 limiter:
+when recent latency rises above the long-run baseline the limit shrinks, when it is back the limit
+grows again, always between `min_limit` and the pipeline's `max_inflight`. Lower priorities may use
+only a share of the limit, so under overload they are shed first.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import time
+from dataclasses import dataclass, field
+
+from services.common.errors import InvalidArgument, ResourceExhausted
+
+
+class Priority(enum.IntEnum):
+    HIGH = 1
+    NORMAL = 2
+    LOW = 3
+
+
+_PRIORITY_NAMES = {"high": Priority.HIGH, "normal": Priority.NORMAL, "low": Priority.LOW}
+
+
+def parse_priority(value: str | int | None) -> Priority:
+    """`priority` request parameter: high/normal/low, or Triton-style levels (1 highest, 0 the default)."""
+    if value is None or value == "" or value == 0:
+        return Priority.NORMAL
+    if isinstance(value, str):
+        found = _PRIORITY_NAMES.get(value.strip().lower())
+        if found is None:
+            raise InvalidArgument(f"parameter priority={value!r}: use high, normal or low (or 1, 2, 3)")
+        return found
+    if value < 0:
+        raise InvalidArgument(f"parameter priority={value}: must be 0 (default), 1 (high), 2 (normal) or 3+ (low)")
+    return Priority(min(int(value), Priority.LOW))
+
+
+class GradientLimit:
+    """A concurrency limit that follows latency (Gradient2): limit *= clamp(tolerance * long_rtt / short_rtt).
+
+    Samples are grouped in windows of `window` completions; `long_rtt` is an exponential average over
+    about `long_window` samples and stands for the latency with no queueing.
+    """
+
+    def __init__(
+        self,
+        initial: int,
+        min_limit: int,
+        max_limit: int,
+        *,
+        tolerance: float = 2.0,
+        smoothing: float = 0.2,
+        window: int = 16,
+        long_window: int = 600,
+    ) -> None:
+        self.min_limit = min_limit
+        self.max_limit = max_limit
+        self.limit = float(max(min_limit, min(initial, max_limit)))
+        self.tolerance = tolerance
+        self.smoothing = smoothing
+        self.window = window
+        self._decay = 2.0 / (long_window / window + 1)
+        self.long_rtt = 0.0
+        self._sum = 0.0
+        self._count = 0
+        self._max_inflight = 0
+
+    @property
+    def value(self) -> int:
+        return int(self.limit)
+
+    def on_sample(self, rtt_s: float, inflight: int) -> None:
+        self._sum += rtt_s
+        self._count += 1
+        self._max_inflight = max(self._max_inflight, inflight)
+        if self._count >= self.window:
+            self._update(self._sum / self._count, self._max_inflight)
+            self._sum, self._count, self._max_inflight = 0.0, 0, 0
+
+    def on_drop(self) -> None:
+        """A downstream overload or timeout: back off at once (multiplicative decrease)."""
+        self.limit = max(float(self.min_limit), self.limit * 0.9)
+
+    def _update(self, short_rtt: float, inflight: int) -> None:
+        if self.long_rtt == 0.0:
+            self.long_rtt = short_rtt
+        else:
+            self.long_rtt += self._decay * (short_rtt - self.long_rtt)
+        if self.long_rtt > 2 * short_rtt:  # load fell: let the baseline follow quickly
+            self.long_rtt *= 0.95
+        if inflight < self.limit / 2:  # app-limited: the samples say nothing about a larger limit
+            return
+        gradient = max(0.5, min(1.0, self.tolerance * self.long_rtt / short_rtt))
+        queue = math.sqrt(self.limit)
+        target = self.limit * gradient + queue
+        self.limit = (1 - self.smoothing) * self.limit + self.smoothing * target
+        self.limit = max(float(self.min_limit), min(float(self.max_limit), self.limit))
+
+
+@dataclass
+class _Pool:
+    name: str
+    cap: int
+    limit: GradientLimit | None
+    inflight: int = 0
+    shed: dict[Priority, int] = field(default_factory=lambda: dict.fromkeys(Priority, 0))
+
+    def current_limit(self) -> int:
+        return self.cap if self.limit is None else min(self.cap, self.limit.value)
+
+
+@dataclass(slots=True)
+class Permit:
+    """One admitted request; `release` exactly once (success with its latency, or a drop)."""
+
+    admission: Admission
+    pool: _Pool
+    started: float
+    released: bool = False
+
+    def release(self, *, sample: bool = True, dropped: bool = False) -> None:
+        if self.released:
+            return
+        self.released = True
+        self.admission._release(self, sample=sample, dropped=dropped)
+
+
+class Admission:
+    """All pools of one gateway: one per pipeline (or forwarded model) under one total cap."""
+
+    SHARES = {Priority.HIGH: 1.0, Priority.NORMAL: 0.9}
+
+    def __init__(self, total_cap: int, min_limit: int, low_priority_share: float, retry_after_ms: int) -> None:
+        self.total_cap = total_cap
+        self.total_inflight = 0
+        self.min_limit = min_limit
+        self.shares = {**self.SHARES, Priority.LOW: low_priority_share}
+        self.retry_after_ms = retry_after_ms
+        self.pools: dict[str, _Pool] = {}
+
+    def add_pool(self, name: str, cap: int, adaptive: bool) -> None:
+        limit = GradientLimit(cap, min(self.min_limit, cap), cap) if adaptive else None
+        self.pools[name] = _Pool(name, cap, limit)
+
+    def pool(self, name: str) -> _Pool:
+        found = self.pools.get(name)
+        if found is None:  # a forwarded model: fixed cap, the model service has its own queue
+            self.add_pool(name, self.total_cap, adaptive=False)
+            found = self.pools[name]
+        return found
+
+    def acquire(self, name: str, priority: Priority = Priority.NORMAL) -> Permit:
+        """Admit now or raise ResourceExhausted (never waits)."""
+        pool = self.pool(name)
+        share = self.shares[priority]
+        limit = pool.current_limit()
+        allowed = max(1, math.floor(limit * share)) if priority != Priority.HIGH else limit
+        total_allowed = max(1, math.floor(self.total_cap * share))
+        if pool.inflight >= allowed or self.total_inflight >= total_allowed:
+            pool.shed[priority] += 1
+            which = (
+                f"{name!r} has {pool.inflight} in flight (limit {limit}"
+                + (f", {share:.0%} of it for {priority.name.lower()} priority" if share < 1 else "")
+                + ")"
+                if pool.inflight >= allowed
+                else f"the gateway has {self.total_inflight} requests in flight (limit {self.total_cap})"
+            )
+            error = ResourceExhausted(f"overloaded: {which}; retry after {self.retry_after_ms} ms")
+            error.trailers = (("grpc-retry-pushback-ms", str(self.retry_after_ms)),)
+            raise error
+        pool.inflight += 1
+        self.total_inflight += 1
+        return Permit(self, pool, time.perf_counter())
+
+    def _release(self, permit: Permit, *, sample: bool, dropped: bool) -> None:
+        pool = permit.pool
+        inflight = pool.inflight
+        pool.inflight -= 1
+        self.total_inflight -= 1
+        if pool.limit is None:
+            return
+        if dropped:
+            pool.limit.on_drop()
+        elif sample:
+            pool.limit.on_sample(time.perf_counter() - permit.started, inflight)

@@ -1,0 +1,99 @@
+"""A pipeline request's raw input tensors checked against the pipeline (names, dtypes, shapes, NaN) and turned
+into feature-service rows; every problem is INVALID_ARGUMENT naming the input (and row)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from services.common.errors import InvalidArgument
+from services.common.tensor_codec import datatype_of
+from services.gateway.pipeline import InputSpec, PipelineSpec
+from services.protos import feature_pb2 as fpb
+
+
+def _describe(spec: InputSpec) -> str:
+    return f"{spec.name} {spec.datatype} [rows, {', '.join(map(str, spec.dims))}]"
+
+
+def check_inputs(pipeline: PipelineSpec, inputs: Mapping[str, np.ndarray]) -> tuple[int, dict[str, np.ndarray]]:
+    """(rows, inputs reshaped to [rows, *dims]); [rows] is accepted for an input of dims [1]."""
+    expected = {s.name: s for s in pipeline.inputs}
+    unknown = sorted(set(inputs) - set(expected))
+    if unknown:
+        raise InvalidArgument(
+            f"pipeline {pipeline.name!r}: unknown input {unknown[0]!r}; it takes "
+            + ", ".join(_describe(s) for s in pipeline.inputs)
+        )
+    missing = [s for s in pipeline.inputs if s.name not in inputs]
+    if missing:
+        raise InvalidArgument(
+            f"pipeline {pipeline.name!r}: input {missing[0].name!r} is missing (expected {_describe(missing[0])})"
+        )
+    rows: int | None = None
+    out: dict[str, np.ndarray] = {}
+    for spec in pipeline.inputs:
+        array = inputs[spec.name]
+        datatype = datatype_of(array)
+        if datatype != spec.datatype:
+            raise InvalidArgument(
+                f"pipeline {pipeline.name!r}: input {spec.name!r} is {datatype}; send {spec.datatype}"
+            )
+        shape = array.shape
+        if list(shape[1:]) == spec.dims or (spec.dims == [1] and array.ndim == 1):
+            array = array.reshape(shape[0], *spec.dims)
+        else:
+            raise InvalidArgument(
+                f"pipeline {pipeline.name!r}: input {spec.name!r} has shape {list(shape)}; "
+                f"expected [rows, {', '.join(map(str, spec.dims))}]"
+            )
+        if rows is None:
+            rows = shape[0]
+        elif shape[0] != rows:
+            raise InvalidArgument(
+                f"pipeline {pipeline.name!r}: input {spec.name!r} has {shape[0]} rows, the others {rows}"
+            )
+        if array.dtype.kind == "f":
+            bad = ~np.isfinite(array.reshape(rows, -1)).all(axis=1)
+            if bad.any():
+                row = int(np.argmax(bad))
+                raise InvalidArgument(f"pipeline {pipeline.name!r}: input {spec.name!r} row {row} is NaN or infinite")
+        out[spec.name] = array
+    assert rows is not None
+    if rows == 0:
+        raise InvalidArgument(f"pipeline {pipeline.name!r}: no rows")
+    if rows > pipeline.max_batch_size:
+        raise InvalidArgument(
+            f"pipeline {pipeline.name!r}: {rows} rows in one request; at most {pipeline.max_batch_size}"
+        )
+    return rows, out
+
+
+def _column(spec_name: str, array: np.ndarray) -> list[object]:
+    flat = array.reshape(array.shape[0], -1)[:, 0]
+    if array.dtype.kind == "O":
+        values: list[object] = []
+        for row, item in enumerate(flat.tolist()):
+            if isinstance(item, bytes):
+                try:
+                    item = item.decode()
+                except UnicodeDecodeError as exc:
+                    raise InvalidArgument(f"input {spec_name!r} row {row} is not UTF-8 text") from exc
+            values.append(item)
+        return values
+    return flat.tolist()
+
+
+_VALUE_FIELD = {"BYTES": "string_value", "INT64": "int64_value", "INT32": "int64_value", "BOOL": "bool_value",
+                "FP32": "double_value", "FP64": "double_value"}  # fmt: skip
+
+
+def feature_rows(pipeline: PipelineSpec, inputs: Mapping[str, np.ndarray], rows: int) -> list[fpb.Row]:
+    """One feature-service Row per request row; each input is one typed field."""
+    columns = [(s.name, _VALUE_FIELD[s.datatype], _column(s.name, inputs[s.name])) for s in pipeline.inputs]
+    out = [fpb.Row() for _ in range(rows)]
+    for name, field, values in columns:
+        for row, value in zip(out, values, strict=True):
+            setattr(row.fields[name], field, value)
+    return out

@@ -1,0 +1,165 @@
+"""Pipelines declared in YAML (`pipelines/<name>.yaml`): inputs, stages, cache and degradation policy.
+
+A pipeline appears to clients as a v2 model. Its raw inputs are named tensors; an optional feature
+stage turns them into a feature matrix (feature service), optional preprocessing scales tensors in the
+gateway, and the model stage calls the model service. Errors name the file, line and field.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from services.common.yaml_docs import DocumentError, load_document, located_error
+
+Datatype = Literal["BOOL", "INT32", "INT64", "FP32", "FP64", "BYTES"]
+Remedy = Literal["stale_cache", "fallback_model", "default"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class InputSpec(_Strict):
+    """One raw input tensor: shape [rows, *dims]."""
+
+    name: str = Field(min_length=1)
+    datatype: Datatype
+    dims: list[int] = Field(default_factory=lambda: [1], description="Dims after the row dimension.")
+    description: str = ""
+
+
+class FeatureStage(_Strict):
+    """Raw fields -> FP32 feature matrix by the feature service; each input named here is one field."""
+
+    feature_set: str = Field(min_length=1, description="Versioned feature set id, e.g. fraud_v1.")
+    output: str = Field("features", description="Name of the pipeline tensor that holds the matrix.")
+
+
+class Preprocess(_Strict):
+    """A vectorised transform in the gateway: out = clip(in * scale + offset, clip)."""
+
+    input: str
+    output: str | None = Field(None, description="Tensor name to write (default: replace the input).")
+    scale: float = 1.0
+    offset: float = 0.0
+    clip: tuple[float, float] | None = None
+
+
+class ModelStage(_Strict):
+    """The model the pipeline ends in, and which pipeline tensors feed its inputs."""
+
+    name: str = Field(min_length=1)
+    version: str = Field("", description="Version to ask for; empty lets the mesh/canary decide.")
+    inputs: dict[str, str] = Field(
+        default_factory=dict, description="model input name -> pipeline tensor (default: same name)."
+    )
+
+
+class CachePolicy(_Strict):
+    enabled: bool = True
+    key_inputs: list[str] | None = Field(None, description="Inputs that form the cache key (default: all).")
+    ttl_s: float = Field(60.0, gt=0, description="Seconds an answer is served as fresh.")
+    stale_s: float = Field(600.0, ge=0, description="Seconds after that it may be served when degraded.")
+
+
+class Timeouts(_Strict):
+    """Per-stage limits in ms; each hop gets the smaller of its limit and what is left of the deadline."""
+
+    total_ms: float = Field(1000.0, gt=0)
+    cache_ms: float = Field(20.0, gt=0)
+    features_ms: float = Field(100.0, gt=0)
+    model_ms: float = Field(500.0, gt=0)
+
+
+class FallbackModel(_Strict):
+    name: str
+    version: str = ""
+
+
+class Degradation(_Strict):
+    """What answers when the model fails (overloaded, down, timed out) or the features are degraded."""
+
+    on_model_failure: list[Remedy] = Field(default_factory=lambda: ["stale_cache", "fallback_model", "default"])
+    on_feature_failure: list[Literal["stale_cache", "default"]] = Field(
+        default_factory=lambda: ["stale_cache", "default"]
+    )
+    fallback_model: FallbackModel | None = None
+    default_outputs: dict[str, float] | None = Field(
+        None, description="Constant output values (every element of that output), e.g. {score: 0.0}."
+    )
+
+
+class Admission(_Strict):
+    max_inflight: int = Field(64, ge=1, description="Hard cap on concurrent requests of this pipeline.")
+    adaptive: bool = Field(True, description="Adapt the limit to observed latency (gradient, below the cap).")
+
+
+class PipelineSpec(_Strict):
+    name: str = Field(pattern=r"^[a-z][a-z0-9_\-]*$")
+    description: str = ""
+    max_batch_size: int = Field(64, ge=1, description="Most rows in one request.")
+    inputs: list[InputSpec] = Field(min_length=1)
+    features: FeatureStage | None = None
+    preprocess: list[Preprocess] = Field(default_factory=list)
+    model: ModelStage
+    outputs: list[str] = Field(min_length=1, description="Model outputs returned to the client, in order.")
+    cache: CachePolicy = CachePolicy()
+    timeouts: Timeouts = Timeouts()
+    degradation: Degradation = Degradation()
+    admission: Admission = Admission()
+
+    @model_validator(mode="after")
+    def _references(self) -> PipelineSpec:
+        names = [i.name for i in self.inputs]
+        if len(set(names)) != len(names):
+            raise ValueError(f"input names repeat: {names}")
+        tensors = set(names)
+        for p in self.preprocess:
+            if p.input not in tensors:
+                raise ValueError(f"preprocess input {p.input!r} is not an input")
+            tensors.add(p.output or p.input)
+        if self.features is not None:
+            tensors.add(self.features.output)
+        for model_input, tensor in self.model.inputs.items():
+            if tensor not in tensors:
+                raise ValueError(f"model input {model_input!r} takes {tensor!r}, which no stage produces")
+        for name in self.cache.key_inputs or ():
+            if name not in names:
+                raise ValueError(f"cache key input {name!r} is not an input")
+        if "fallback_model" in self.degradation.on_model_failure and self.degradation.fallback_model is None:
+            raise ValueError("degradation lists fallback_model but names none (degradation.fallback_model)")
+        remedies = [*self.degradation.on_model_failure, *self.degradation.on_feature_failure]
+        if "default" in remedies and self.degradation.default_outputs is None:
+            raise ValueError("degradation lists default but gives no default_outputs")
+        unknown = set(self.degradation.default_outputs or {}) - set(self.outputs)
+        if unknown:
+            raise ValueError(f"default_outputs names {sorted(unknown)}, which are not outputs")
+        return self
+
+    def model_inputs(self) -> dict[str, str]:
+        """model input -> pipeline tensor, with the feature matrix feeding the model's same-named input."""
+        if self.model.inputs:
+            return dict(self.model.inputs)
+        produced = [i.name for i in self.inputs] if self.features is None else [self.features.output]
+        return {name: name for name in produced}
+
+
+class PipelineError(DocumentError):
+    """A pipeline file that does not validate (file:line: field: problem)."""
+
+
+def load_pipeline(path: Path) -> PipelineSpec:
+    spec, root = load_document(path, PipelineSpec, PipelineError)
+    if path.stem != spec.name:
+        raise located_error(path, root, ("name",), f"file {path.name} must be named {spec.name}.yaml", PipelineError)
+    return spec
+
+
+def load_pipelines(folder: Path) -> dict[str, PipelineSpec]:
+    """Every `*.yaml` of a folder, by pipeline name."""
+    if not folder.is_dir():
+        raise PipelineError(f"{folder}: no pipelines folder (set MESHSERVE_GATEWAY_PIPELINES_DIR)")
+    return {spec.name: spec for spec in (load_pipeline(p) for p in sorted(folder.glob("*.yaml")))}

@@ -1,0 +1,39 @@
+"""Settings of the gateway (`MESHSERVE_GATEWAY_*`): where the other services are, pipelines, admission."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
+
+from services.common.settings import ServiceSettings
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class GatewaySettings(ServiceSettings):
+    """`python -m services.gateway` reads these from the environment."""
+
+    model_config = SettingsConfigDict(env_prefix="MESHSERVE_GATEWAY_", extra="ignore", frozen=True)
+
+    port: int = Field(8000, ge=0, le=65535, description="gRPC port (the ingress API).")
+    metrics_port: int = Field(9000, ge=0, le=65535, description="Prometheus /metrics port (0 disables).")
+    pipelines_dir: Path = Field(ROOT / "pipelines", description="Folder of pipeline YAML files.")
+    model_address: str = Field("127.0.0.1:8001", description="Model service (or its mesh listener), host:port.")
+    feature_address: str = Field("127.0.0.1:8002", description="Feature service (or its mesh listener).")
+    cache_address: str = Field("127.0.0.1:8003", description="Cache service (or its mesh listener).")
+    max_inflight: int = Field(256, ge=1, description="Requests in flight across all pipelines; beyond: shed.")
+    min_limit: int = Field(4, ge=1, description="The adaptive limit never goes below this.")
+    retry_after_ms: int = Field(
+        50, ge=0, description="Retry hint sent with RESOURCE_EXHAUSTED (grpc-retry-pushback-ms)."
+    )
+    low_priority_share: float = Field(
+        0.5, gt=0, le=1, description="Low-priority requests are admitted only below this share of the limit."
+    )
+    versions_refresh_s: float = Field(
+        1.0, gt=0, description="How often the serving model versions are re-read (cache keys use them)."
+    )
+    versions_ttl_s: float = Field(
+        3.0, gt=0, description="A version not seen serving for this long stops being looked up in the cache."
+    )

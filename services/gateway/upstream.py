@@ -1,0 +1,77 @@
+"""The gateway's long-lived channels to the model, feature and cache services, deadlines and headers per hop."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import grpc
+from opentelemetry import propagate
+
+from services.cache.client import CacheClient
+from services.common.errors import DeadlineExceeded, MeshserveError, error_with_code
+from services.gateway.settings import GatewaySettings
+from services.protos import feature_pb2_grpc, inference_pb2_grpc
+
+# Incoming headers passed on to every hop: canary routing, W3C trace context, request ids.
+PASSED_HEADERS = ("x-canary", "traceparent", "tracestate", "baggage", "x-request-id")
+
+
+def channel_options(settings: GatewaySettings) -> list[tuple[str, int]]:
+    return [
+        ("grpc.max_receive_message_length", settings.max_message_bytes),
+        ("grpc.max_send_message_length", settings.max_message_bytes),
+        ("grpc.keepalive_time_ms", int(settings.keepalive_time_s * 1000)),
+        ("grpc.keepalive_timeout_ms", int(settings.keepalive_timeout_s * 1000)),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_pings_without_data", 0),
+        # Do not let grpcio itself retry: retries are the mesh's job (Envoy retry policy).
+        ("grpc.enable_retries", 0),
+    ]
+
+
+class Upstreams:
+    """One channel per service, opened at start and kept (HTTP/2 multiplexes every request over it)."""
+
+    def __init__(self, settings: GatewaySettings) -> None:
+        options = channel_options(settings)
+        self.model_channel = grpc.aio.insecure_channel(settings.model_address, options=options)
+        self.feature_channel = grpc.aio.insecure_channel(settings.feature_address, options=options)
+        self.cache_channel = grpc.aio.insecure_channel(settings.cache_address, options=options)
+        self.model = inference_pb2_grpc.GRPCInferenceServiceStub(self.model_channel)
+        self.feature = feature_pb2_grpc.FeatureServiceStub(self.feature_channel)
+        self.cache = CacheClient(settings.cache_address, channel=self.cache_channel)
+
+    async def close(self) -> None:
+        for channel in (self.model_channel, self.feature_channel, self.cache_channel):
+            await channel.close()
+
+
+def outgoing_headers(incoming: Sequence[tuple[str, str | bytes]] | None) -> tuple[tuple[str, str], ...]:
+    """Headers for the next hop: the passed-through ones, then the current span's trace context (if tracing)."""
+    carrier = {k: v for k, v in (incoming or ()) if k in PASSED_HEADERS and isinstance(v, str)}
+    propagate.inject(carrier)
+    return tuple(carrier.items())
+
+
+class Deadline:
+    """What is left of the caller's deadline (and the pipeline's total), handed to each hop."""
+
+    def __init__(self, total_s: float, caller_remaining_s: float | None) -> None:
+        budget = total_s if caller_remaining_s is None else min(total_s, caller_remaining_s)
+        self.end = time.monotonic() + budget
+
+    def remaining(self) -> float:
+        return self.end - time.monotonic()
+
+    def for_hop(self, stage_ms: float, what: str) -> float:
+        """Timeout of one hop: its stage limit or what is left, whichever is smaller."""
+        left = self.remaining()
+        if left <= 0:
+            raise DeadlineExceeded(f"deadline passed before {what}")
+        return min(stage_ms / 1000.0, left)
+
+
+def upstream_error(service: str, exc: grpc.aio.AioRpcError) -> MeshserveError:
+    """An upstream failure passed on with its status code (the mesh's retry/ejection semantics hold)."""
+    return error_with_code(exc.code(), f"{service}: {exc.details() or exc.code().name}")
