@@ -1,0 +1,16 @@
+"""Local service mesh: renders `istio/` into an Envoy bootstrap and runs it (see services.mesh.local)."""
+
+from services.mesh.envoy import EnvoyProcess, envoy_binary
+from services.mesh.errors import MeshConfigError
+from services.mesh.local import LocalMesh
+from services.mesh.topology import Replica, ServiceTopology, Topology
+
+__all__ = [
+    "EnvoyProcess",
+    "LocalMesh",
+    "MeshConfigError",
+    "Replica",
+    "ServiceTopology",
+    "Topology",
+    "envoy_binary",
+]

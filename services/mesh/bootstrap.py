@@ -1,0 +1,55 @@
+"""Assembles the Envoy v3 bootstrap and its route files from `istio/` and a topology (pure: no files written)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from services.mesh.clusters import render_clusters
+from services.mesh.hosts import cluster_name
+from services.mesh.listeners import INGRESS, listener, route_name, tracing
+from services.mesh.loader import IstioConfig
+from services.mesh.routes import Weights, gateway_virtual_services, mesh_virtual_services, route_configuration
+from services.mesh.topology import Topology, split_address
+
+
+@dataclass
+class Rendered:
+    """The bootstrap (envoy.yaml) and the route configurations served from files by RDS."""
+
+    bootstrap: dict[str, Any]
+    routes: dict[str, dict[str, Any]]
+
+
+def render_routes(istio: IstioConfig, topology: Topology, weights: Weights | None = None) -> dict[str, dict[str, Any]]:
+    """Route configuration name -> RouteConfiguration, for the ingress and every service's listener."""
+    weights = weights or {}
+    known = {c["name"] for c in render_clusters(istio, topology)}
+    routes: dict[str, dict[str, Any]] = {}
+    if topology.ingress is not None:
+        name = route_name(INGRESS)
+        routes[name] = route_configuration(name, gateway_virtual_services(istio), known, weights, None)
+    for service in topology.services:
+        name = route_name(service)
+        vss = mesh_virtual_services(istio, service)
+        routes[name] = route_configuration(name, vss, known, weights, cluster_name(service, None))
+    return routes
+
+
+def render(istio: IstioConfig, topology: Topology, routes_dir: Path, weights: Weights | None = None) -> Rendered:
+    """The whole Envoy configuration: admin, clusters, listeners reading their routes from `routes_dir`."""
+    listeners = []
+    if topology.ingress is not None:
+        listeners.append(
+            listener(INGRESS, topology.ingress, routes_dir, tracing(istio, topology.otlp, "meshserve-ingress"))
+        )
+    for service, st in topology.services.items():
+        listeners.append(listener(service, st.listen, routes_dir, tracing(istio, topology.otlp, f"{service}-sidecar")))
+    admin_host, admin_port = split_address(topology.admin)
+    bootstrap: dict[str, Any] = {
+        "node": {"id": topology.node_id, "cluster": "meshserve"},
+        "admin": {"address": {"socket_address": {"address": admin_host, "port_value": admin_port}}},
+        "static_resources": {"listeners": listeners, "clusters": render_clusters(istio, topology)},
+    }
+    return Rendered(bootstrap, render_routes(istio, topology, weights))

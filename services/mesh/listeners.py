@@ -1,0 +1,86 @@
+"""Envoy listeners: the ingress one and one outbound listener per service, routes by file-based RDS, tracing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from services.mesh.clusters import OTLP_CLUSTER
+from services.mesh.loader import IstioConfig
+from services.mesh.routes import FAULT_FILTER
+from services.mesh.topology import split_address
+
+HCM = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
+INGRESS = "ingress"
+
+
+def route_name(listener: str) -> str:
+    return listener if listener == INGRESS else f"outbound_{listener}"
+
+
+def rds_source(routes_dir: Path, name: str) -> dict[str, Any]:
+    """File-based RDS: Envoy reloads the route file when a new one is renamed into the watched folder."""
+    return {
+        "route_config_name": name,
+        "config_source": {
+            "resource_api_version": "V3",
+            "path_config_source": {
+                "path": str(routes_dir / f"{name}.yaml"),
+                "watched_directory": {"path": str(routes_dir)},
+            },
+        },
+    }
+
+
+def tracing(istio: IstioConfig, otlp: str | None, service_name: str) -> dict[str, Any] | None:
+    """Telemetry tracing to the OpenTelemetry tracer; None when there is no collector or no tracing resource."""
+    if otlp is None:
+        return None
+    for telemetry in istio.telemetries:
+        for t in telemetry.spec.tracing:
+            if t.disable_span_reporting:
+                continue
+            return {
+                "random_sampling": {
+                    "value": 1.0 if t.random_sampling_percentage is None else t.random_sampling_percentage
+                },
+                "spawn_upstream_span": True,
+                "provider": {
+                    "name": "envoy.tracers.opentelemetry",
+                    "typed_config": {
+                        "@type": "type.googleapis.com/envoy.config.trace.v3.OpenTelemetryConfig",
+                        "grpc_service": {"envoy_grpc": {"cluster_name": OTLP_CLUSTER}, "timeout": "1s"},
+                        "service_name": service_name,
+                    },
+                },
+            }
+    return None
+
+
+def listener(name: str, address: str, routes_dir: Path, trace: dict[str, Any] | None) -> dict[str, Any]:
+    host, port = split_address(address)
+    hcm: dict[str, Any] = {
+        "@type": HCM,
+        "stat_prefix": name,
+        "codec_type": "AUTO",
+        "rds": rds_source(routes_dir, route_name(name)),
+        "http_filters": [
+            {
+                "name": FAULT_FILTER,
+                "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.fault.v3.HTTPFault"},
+            },
+            {
+                "name": "envoy.filters.http.router",
+                "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"},
+            },
+        ],
+    }
+    if trace is not None:
+        hcm["tracing"] = trace
+    return {
+        "name": name,
+        "address": {"socket_address": {"address": host, "port_value": port}},
+        "filter_chains": [
+            {"filters": [{"name": "envoy.filters.network.http_connection_manager", "typed_config": hcm}]}
+        ],
+    }

@@ -1,0 +1,90 @@
+"""The local topology: where each service's replicas run, its local listener, and the Envoy addresses."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from services.mesh.durations import Duration
+from services.mesh.errors import MeshConfigError
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """`host:port` to (host, port)."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"not a host:port address: {address!r}")
+    return host, int(port)
+
+
+def _address(value: str) -> str:
+    split_address(value)
+    return value
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Replica(_Strict):
+    """One running process of a service; `labels` play the pod labels (`version` picks the subset)."""
+
+    address: str = Field(description="host:port of the replica's gRPC server.")
+    labels: dict[str, str] = Field(default_factory=lambda: {"version": "v1"}, description="Pod labels.")
+
+    _check = field_validator("address")(classmethod(lambda cls, v: _address(v)))
+
+
+class ServiceTopology(_Strict):
+    """A service as the mesh sees it: its replicas and the local address that plays its Kubernetes Service."""
+
+    listen: str = Field(description="host:port of the outbound listener callers use for this service.")
+    replicas: list[Replica] = Field(default_factory=list)
+
+    _check = field_validator("listen")(classmethod(lambda cls, v: _address(v)))
+
+
+class HealthCheck(_Strict):
+    """Active grpc.health.v1 checks of every replica (Kubernetes readiness probes play this role in a cluster)."""
+
+    interval: Duration = "2s"
+    timeout: Duration = "1s"
+    unhealthy_threshold: int = Field(2, ge=1)
+    healthy_threshold: int = Field(1, ge=1)
+    no_traffic_interval: Duration = "2s"
+    service_name: str = Field("", description="grpc.health.v1 service name asked ('' = the whole server).")
+
+
+class Topology(_Strict):
+    """Everything local that a cluster would know from Kubernetes: services, replicas, ports, collector."""
+
+    services: dict[str, ServiceTopology]
+    ingress: str | None = Field("127.0.0.1:8080", description="Ingress listener (plays the ingress gateway).")
+    admin: str = Field("127.0.0.1:9901", description="Envoy admin address (/stats, /clusters, /ready).")
+    otlp: str | None = Field(None, description="host:port of an OTLP/gRPC collector; None exports no spans.")
+    health_check: HealthCheck | None = Field(default_factory=HealthCheck)
+    node_id: str = "meshserve-local"
+
+    @field_validator("ingress", "admin", "otlp")
+    @classmethod
+    def _addresses(cls, value: str | None) -> str | None:
+        return None if value is None else _address(value)
+
+    @classmethod
+    def load(cls, path: Path | str) -> Topology:
+        """Read a YAML or JSON topology file; errors name the file and field."""
+        path = Path(path)
+        try:
+            data = yaml.safe_load(path.read_text())
+            return cls.model_validate(data)
+        except (OSError, yaml.YAMLError) as exc:
+            raise MeshConfigError(f"{path}: {exc}") from None
+        except ValidationError as exc:
+            problems = "; ".join(".".join(str(p) for p in e["loc"]) + f": {e['msg']}" for e in exc.errors())
+            raise MeshConfigError(f"{path}: topology: {problems}") from None
+
+    def dump(self) -> str:
+        return json.dumps(self.model_dump(mode="json"), indent=2)

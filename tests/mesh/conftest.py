@@ -1,0 +1,105 @@
+"""Fixtures for tests with the real Envoy: model-service replicas pinned to versions, and a mesh factory."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as triton
+
+from services.mesh import LocalMesh, Replica, ServiceTopology, Topology
+from services.mesh.topology import HealthCheck
+from tests.helpers.models import Mlp, mlp_config, write_model
+from tests.helpers.servers import ServiceProcess, free_port, model_service
+
+ROOT = Path(__file__).resolve().parents[2]
+ISTIO = ROOT / "istio"
+MODEL = "m"
+X = np.ones((1, 8), dtype=np.float32)
+FAST_HEALTH = HealthCheck(interval="0.5s", timeout="0.5s", no_traffic_interval="0.5s", unhealthy_threshold=1)
+
+
+@pytest.fixture(scope="session")
+def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, list[ServiceProcess]]]:
+    """Model-service replicas on one repository holding versions 1 and 2: v1 twice pinned to [1], v2 pinned to [2]."""
+    root = tmp_path_factory.mktemp("mesh-replicas")
+    repo = root / "repo"
+    write_model(repo, MODEL, mlp_config(MODEL, version_policy={"all": {}}), {1: Mlp(1), 2: Mlp(2)})
+    plan = [("v1", 1), ("v1", 1), ("v2", 2)]
+    managers = [
+        model_service(
+            repo, root / "logs", MESHSERVE_MODEL_PINNED_VERSIONS=f'{{"{MODEL}": [{v}]}}', MESHSERVE_MODEL_WATCH="false"
+        )
+        for _, v in plan
+    ]
+    try:
+        with ThreadPoolExecutor(len(managers)) as pool:
+            started = list(pool.map(lambda cm: cm.__enter__(), managers))
+        out: dict[str, list[ServiceProcess]] = {}
+        for (subset, _), process in zip(plan, started, strict=True):
+            out.setdefault(subset, []).append(process)
+        yield out
+    finally:
+        for cm in managers:
+            cm.__exit__(None, None, None)
+
+
+MeshFactory = Callable[..., LocalMesh]
+
+
+@pytest.fixture()
+def make_mesh(tmp_path: Path) -> Iterator[MeshFactory]:
+    """Starts a LocalMesh for the model service alone, on free ports, with the given replicas and istio files."""
+    meshes: list[LocalMesh] = []
+
+    def make(
+        model_replicas: list[tuple[str, str]],
+        istio: list[Path] | None = None,
+        health_check: HealthCheck | None = FAST_HEALTH,
+        otlp: str | None = None,
+    ) -> LocalMesh:
+        topology = Topology(
+            services={
+                "model": ServiceTopology(
+                    listen=f"127.0.0.1:{free_port()}",
+                    replicas=[Replica(address=a, labels={"version": v}) for a, v in model_replicas],
+                )
+            },
+            ingress=None,
+            admin=f"127.0.0.1:{free_port()}",
+            otlp=otlp,
+            health_check=health_check,
+        )
+        mesh = LocalMesh(topology, istio or [ISTIO], tmp_path / f"mesh{len(meshes)}", concurrency=1)
+        meshes.append(mesh)
+        mesh.start()
+        return mesh
+
+    yield make
+    for mesh in meshes:
+        mesh.stop()
+
+
+def subset_replicas(replicas: dict[str, list[ServiceProcess]]) -> list[tuple[str, str]]:
+    return [(p.address, subset) for subset, processes in replicas.items() for p in processes]
+
+
+def infer(client: triton.InferenceServerClient, headers: dict[str, str] | None = None) -> str:
+    """One ModelInfer through the mesh; the model_version that answered ('1' = v1 subset, '2' = v2)."""
+    inp = triton.InferInput("x", list(X.shape), "FP32")
+    inp.set_data_from_numpy(X)
+    result = client.infer(MODEL, [inp], headers=headers, client_timeout=10)
+    return str(result.get_response().model_version)
+
+
+@contextmanager
+def client_of(address: str) -> Iterator[triton.InferenceServerClient]:
+    client = triton.InferenceServerClient(url=address)
+    try:
+        yield client
+    finally:
+        client.close()

@@ -1,0 +1,81 @@
+"""Tiny in-process gRPC replicas for mesh tests: failing, forwarding and metadata-recording servers (no stubs)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent import futures
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+INFER = "/inference.GRPCInferenceService/ModelInfer"
+
+
+class FakeReplica:
+    """A grpc server on a free loopback port whose every method is answered by `handle(method, request, context)`.
+
+    Requests and responses stay raw bytes; grpc.health.v1 answers `serving` (settable) for the active checks.
+    """
+
+    def __init__(self, handle: Callable[[str, bytes, grpc.ServicerContext], bytes], serving: bool = True) -> None:
+        self.handle = handle
+        self.calls: list[tuple[str, dict[str, str]]] = []
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+        self.health = health.HealthServicer()
+        self.set_serving(serving)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        self.server.add_generic_rpc_handlers([_Generic(self)])
+        self.port = self.server.add_insecure_port("127.0.0.1:0")
+        self.address = f"127.0.0.1:{self.port}"
+
+    def set_serving(self, serving: bool) -> None:
+        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        self.health.set("", status)
+
+    def start(self) -> FakeReplica:
+        self.server.start()
+        return self
+
+    def stop(self) -> None:
+        self.server.stop(grace=None).wait()
+
+
+class _Generic(grpc.GenericRpcHandler):
+    def __init__(self, replica: FakeReplica) -> None:
+        self.replica = replica
+
+    def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
+        method = details.method
+        if method.startswith("/grpc.health.v1."):
+            return None
+
+        def unary(request: bytes, context: grpc.ServicerContext) -> bytes:
+            self.replica.calls.append((method, {k: v for k, v in context.invocation_metadata()}))
+            return self.replica.handle(method, request, context)
+
+        return grpc.unary_unary_rpc_method_handler(unary)
+
+
+def unavailable(method: str, request: bytes, context: grpc.ServicerContext) -> bytes:
+    """Fails every call with UNAVAILABLE before any message (trailers-only: retryable by Envoy)."""
+    context.abort(grpc.StatusCode.UNAVAILABLE, "fake replica: unavailable")
+
+
+def echo(method: str, request: bytes, context: grpc.ServicerContext) -> bytes:
+    """Answers with an empty message (a valid, empty protobuf of any type)."""
+    return b""
+
+
+def forward_to(address: str) -> Callable[[str, bytes, grpc.ServicerContext], bytes]:
+    """Forwards each call, bytes unchanged, to a real replica: a working replica that can then be killed."""
+    channel = grpc.insecure_channel(address)
+
+    def handle(method: str, request: bytes, context: grpc.ServicerContext) -> bytes:
+        call: Any = channel.unary_unary(method)
+        try:
+            return call(request, timeout=5)
+        except grpc.RpcError as exc:
+            context.abort(exc.code(), exc.details() or "")
+
+    return handle
