@@ -1,0 +1,214 @@
+"""`meshserve demo`: synthetic transactions to the `fraud` pipeline, a live view, and a summary."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import grpc
+import numpy as np
+from rich.console import Console, Group
+from rich.live import Live
+from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+from services.cli.infer import build_request, decode_outputs, input_specs, parameter_value, rows_to_arrays
+from services.cli.traffic import TrafficGenerator
+from services.protos import inference_pb2, inference_pb2_grpc
+
+BINS = 10
+
+
+@dataclass
+class DemoSummary:
+    """What one demo run measured (also returned to callers such as `make run` and tests)."""
+
+    pipeline: str
+    address: str
+    duration_s: float
+    concurrency: int
+    requests: int = 0
+    ok: int = 0
+    errors: dict[str, int] = field(default_factory=dict)
+    rps: float = 0.0
+    p50_ms: float = 0.0
+    p99_ms: float = 0.0
+    cache: dict[str, int] = field(default_factory=dict)
+    cache_hit_ratio: float = 0.0
+    degraded: int = 0
+    degraded_reasons: dict[str, int] = field(default_factory=dict)
+    model_versions: dict[str, int] = field(default_factory=dict)
+    score_histogram: list[int] = field(default_factory=lambda: [0] * BINS)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class DemoStats:
+    """Counters updated by the workers; `summary()` at any time."""
+
+    def __init__(self, pipeline: str, address: str, concurrency: int) -> None:
+        self.pipeline = pipeline
+        self.address = address
+        self.concurrency = concurrency
+        self.started = time.monotonic()
+        self.latencies_ms: list[float] = []
+        self.errors: Counter[str] = Counter()
+        self.cache: Counter[str] = Counter()
+        self.degraded: Counter[str] = Counter()
+        self.versions: Counter[str] = Counter()
+        self.histogram = [0] * BINS
+
+    def ok(self, latency_ms: float, parameters: dict[str, Any], scores: np.ndarray | None) -> None:
+        self.latencies_ms.append(latency_ms)
+        if "cache" in parameters:
+            self.cache[str(parameters["cache"])] += 1
+        if parameters.get("degraded"):
+            self.degraded[str(parameters["degraded"])] += 1
+        if "model_version" in parameters:
+            self.versions[str(parameters["model_version"])] += 1
+        if scores is not None:
+            for s in np.asarray(scores, dtype=np.float64).reshape(-1):
+                if np.isfinite(s):
+                    self.histogram[min(BINS - 1, max(0, int(s * BINS)))] += 1
+
+    def error(self, code: str) -> None:
+        self.errors[code] += 1
+
+    def summary(self, elapsed_s: float | None = None) -> DemoSummary:
+        elapsed = elapsed_s if elapsed_s is not None else time.monotonic() - self.started
+        ok = len(self.latencies_ms)
+        lat = np.asarray(self.latencies_ms) if ok else np.zeros(1)
+        looked_up = sum(self.cache.values())
+        return DemoSummary(
+            pipeline=self.pipeline,
+            address=self.address,
+            duration_s=round(elapsed, 3),
+            concurrency=self.concurrency,
+            requests=ok + sum(self.errors.values()),
+            ok=ok,
+            errors=dict(self.errors),
+            rps=round(ok / elapsed, 1) if elapsed > 0 else 0.0,
+            p50_ms=round(float(np.percentile(lat, 50)), 2),
+            p99_ms=round(float(np.percentile(lat, 99)), 2),
+            cache=dict(self.cache),
+            cache_hit_ratio=round(self.cache["hit"] / looked_up, 3) if looked_up else 0.0,
+            degraded=sum(self.degraded.values()),
+            degraded_reasons=dict(self.degraded),
+            model_versions=dict(self.versions),
+            score_histogram=list(self.histogram),
+        )
+
+
+def histogram_lines(counts: list[int], width: int = 30) -> list[str]:
+    top = max(counts) or 1
+    return [
+        f"{i / BINS:.1f}-{(i + 1) / BINS:.1f} {'█' * round(width * c / top):<{width}} {c}" for i, c in enumerate(counts)
+    ]
+
+
+def render(summary: DemoSummary) -> Table:
+    """The live view's table of rates, latencies, cache, degradation, errors and the score histogram."""
+    table = Table(show_header=False, box=None, padding=(0, 2))
+    table.add_column(style="bold")
+    table.add_column()
+    table.add_row("requests", f"{summary.requests} ({summary.ok} ok)")
+    table.add_row("requests/s", f"{summary.rps:.1f}")
+    table.add_row("latency", f"p50 {summary.p50_ms:.2f} ms   p99 {summary.p99_ms:.2f} ms")
+    cache = ", ".join(f"{k} {v}" for k, v in sorted(summary.cache.items())) or "-"
+    table.add_row("cache hit ratio", f"{summary.cache_hit_ratio:.1%}  ({cache})")
+    reasons = ", ".join(f"{k}: {v}" for k, v in summary.degraded_reasons.items())
+    table.add_row("degraded", f"{summary.degraded}" + (f"  ({reasons})" if reasons else ""))
+    table.add_row("errors", ", ".join(f"{k} {v}" for k, v in sorted(summary.errors.items())) or "0")
+    versions = ", ".join(f"v{k}: {v}" for k, v in sorted(summary.model_versions.items())) or "-"
+    table.add_row("model versions", versions)
+    table.add_row("score histogram", "\n".join(histogram_lines(summary.score_histogram)))
+    return table
+
+
+async def _worker(
+    stub: inference_pb2_grpc.GRPCInferenceServiceStub,
+    pipeline: str,
+    specs: list,
+    traffic: TrafficGenerator,
+    stats: DemoStats,
+    deadline: float,
+    stop: asyncio.Event,
+    timeout_s: float,
+) -> None:
+    while time.monotonic() < deadline and not stop.is_set():
+        request = build_request(pipeline, rows_to_arrays([traffic.next()], specs))
+        t0 = time.perf_counter()
+        try:
+            response = await stub.ModelInfer(request, timeout=timeout_s)
+        except grpc.aio.AioRpcError as e:
+            stats.error(e.code().name)
+            if e.code() == grpc.StatusCode.UNAVAILABLE:
+                await asyncio.sleep(0.05)  # do not spin while a dependency restarts
+            continue
+        latency_ms = (time.perf_counter() - t0) * 1000.0
+        parameters = {k: parameter_value(v) for k, v in response.parameters.items()}
+        outputs = decode_outputs(response)
+        stats.ok(latency_ms, parameters, outputs.get("score"))
+
+
+async def run_demo(
+    address: str = "127.0.0.1:8000",
+    duration_s: float = 20.0,
+    concurrency: int = 8,
+    pipeline: str = "fraud",
+    seed: int = 0,
+    repeat: float = 0.3,
+    timeout_s: float = 5.0,
+    console: Console | None = None,
+    live: bool | None = None,
+) -> DemoSummary:
+    """Send synthetic transactions for `duration_s` from `concurrency` workers on one channel; the summary.
+
+    Raises grpc.RpcError when the pipeline's metadata cannot be read (stack down, unknown pipeline).
+    """
+    console = console or Console()
+    live = console.is_terminal if live is None else live
+    traffic = TrafficGenerator(seed=seed, repeat=repeat)
+    stats = DemoStats(pipeline, address, concurrency)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    with contextlib.suppress(NotImplementedError, RuntimeError):
+        loop.add_signal_handler(signal.SIGINT, stop.set)
+    try:
+        async with grpc.aio.insecure_channel(address) as channel:
+            stub = inference_pb2_grpc.GRPCInferenceServiceStub(channel)
+            metadata = await stub.ModelMetadata(inference_pb2.ModelMetadataRequest(name=pipeline), timeout=timeout_s)
+            specs = input_specs(metadata)
+            stats.started = time.monotonic()
+            deadline = stats.started + duration_s
+            workers = [
+                asyncio.create_task(_worker(stub, pipeline, specs, traffic, stats, deadline, stop, timeout_s))
+                for _ in range(concurrency)
+            ]
+            progress = Progress(
+                TextColumn(f"[bold]{pipeline}[/] @ {address}"),
+                BarColumn(),
+                TextColumn("{task.percentage:>3.0f}%"),
+                TimeRemainingColumn(),
+            )
+            task = progress.add_task("demo", total=duration_s)
+            if live:
+                with Live(console=console, refresh_per_second=4, transient=False) as view:
+                    while not all(w.done() for w in workers):
+                        progress.update(task, completed=min(duration_s, time.monotonic() - stats.started))
+                        view.update(Group(progress, render(stats.summary())))
+                        await asyncio.wait(workers, timeout=0.25)
+                    progress.update(task, completed=duration_s)
+                    view.update(Group(progress, render(stats.summary())))
+            await asyncio.gather(*workers)
+    finally:
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.remove_signal_handler(signal.SIGINT)
+    summary = stats.summary()
+    return summary

@@ -1,0 +1,251 @@
+"""Supervisor of the local stack: start processes in dependency order, wait for health, restart, stop."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import os
+import signal
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from services.cli.topology import ProcessSpec
+
+START_HEADER = "=== meshserve up: starting"
+Notify = Callable[[str], None]
+HealthCheck = Callable[[ProcessSpec], Awaitable[bool]]
+
+
+class BackoffPolicy(BaseModel):
+    """Restart delays: initial_s, then times factor per consecutive crash, at most max_s.
+
+    A process that ran at least reset_after_s before it crashed starts again from initial_s.
+    """
+
+    initial_s: float = Field(0.5, gt=0)
+    factor: float = Field(2.0, ge=1)
+    max_s: float = Field(30.0, gt=0)
+    reset_after_s: float = Field(30.0, ge=0)
+
+    def delay(self, failures: int) -> float:
+        """Delay before the restart that follows the `failures`-th consecutive crash (1-based)."""
+        return min(self.max_s, self.initial_s * self.factor ** max(0, failures - 1))
+
+
+class StackError(RuntimeError):
+    """The stack could not start (a process never became healthy); the message names it and shows its log."""
+
+
+async def grpc_health(spec: ProcessSpec, rpc_timeout_s: float = 1.0) -> bool:
+    """True when the process answers grpc.health.v1 Check("") with SERVING (no port: always true)."""
+    if spec.address is None:
+        return True
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    async with grpc.aio.insecure_channel(spec.address) as channel:
+        try:
+            stub = health_pb2_grpc.HealthStub(channel)
+            reply = await stub.Check(health_pb2.HealthCheckRequest(), timeout=rpc_timeout_s)
+        except grpc.RpcError:
+            return False
+        return reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM when the supervisor dies, even by SIGKILL (Linux; no-op elsewhere)."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def tail(path: Path, lines: int = 30) -> str:
+    """The last `lines` lines of a log since its last start header."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return "(no log)"
+    return "\n".join(text[max(0, text.rfind(START_HEADER)) :].splitlines()[-lines:])
+
+
+@dataclass
+class Managed:
+    """Run-time state of one supervised process."""
+
+    spec: ProcessSpec
+    log_path: Path
+    process: asyncio.subprocess.Process | None = None
+    started_at: float = 0.0
+    restarts: int = 0
+    failures: int = 0  # consecutive crashes (reset after a stable run)
+    state: str = "new"  # new, running, serving, backoff, stopped
+    watcher: asyncio.Task[None] | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process is not None else None
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.returncode is None
+
+
+class Supervisor:
+    """Owns the stack's processes: `start()` in dependency order, restart on crash, `stop()` in reverse order."""
+
+    def __init__(
+        self,
+        specs: list[ProcessSpec],
+        log_dir: Path,
+        policy: BackoffPolicy | None = None,
+        notify: Notify = print,
+        health: HealthCheck = grpc_health,
+        stop_timeout_s: float = 10.0,
+        cwd: Path | None = None,
+    ) -> None:
+        names = [s.name for s in specs]
+        if len(set(names)) != len(names):
+            raise ValueError(f"duplicate process names: {names}")
+        for s in specs:
+            missing = set(s.depends_on) - set(names)
+            if missing:
+                raise ValueError(f"{s.name} depends on unknown {sorted(missing)}")
+        self.log_dir = log_dir
+        self.policy = policy or BackoffPolicy()
+        self.notify = notify
+        self.health = health
+        self.stop_timeout_s = stop_timeout_s
+        self.cwd = cwd
+        self.procs = {s.name: Managed(s, log_dir / f"{s.name}.log") for s in specs}
+        self.stopping = False
+        self._wake = asyncio.Event()  # set by stop(): ends backoff sleeps at once
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def levels(self) -> list[list[str]]:
+        """Process names grouped so that each group depends only on earlier groups."""
+        done: set[str] = set()
+        levels: list[list[str]] = []
+        pending = list(self.procs)
+        while pending:
+            level = [n for n in pending if set(self.procs[n].spec.depends_on) <= done]
+            if not level:
+                raise ValueError(f"dependency cycle among {pending}")
+            levels.append(level)
+            done.update(level)
+            pending = [n for n in pending if n not in done]
+        return levels
+
+    async def start(self, timeout_s: float = 120.0) -> None:
+        """Start level by level; each level's processes must be SERVING before the next starts."""
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        for level in self.levels():
+            for name in level:
+                m = self.procs[name]
+                await self._spawn(m)
+                m.watcher = asyncio.create_task(self._watch(m), name=f"watch-{name}")
+            await asyncio.gather(*(self.wait_healthy(self.procs[n], timeout_s) for n in level))
+
+    async def wait_healthy(self, m: Managed, timeout_s: float, poll_s: float = 0.2) -> None:
+        """Until the process is running and healthy; crashes meanwhile are restarted by its watcher."""
+        deadline = time.monotonic() + timeout_s
+        while not self.stopping:
+            if m.running and await self.health(m.spec):
+                m.state = "serving"
+                self.notify(f"{m.spec.name} is SERVING" + (f" on {m.spec.address}" if m.spec.address else ""))
+                return
+            if time.monotonic() > deadline:
+                raise StackError(
+                    f"{m.spec.name} not SERVING after {timeout_s:.0f}s ({m.restarts} restarts); "
+                    f"last lines of {m.log_path}:\n{tail(m.log_path)}"
+                )
+            await asyncio.sleep(poll_s)
+
+    async def _spawn(self, m: Managed) -> None:
+        env = {**os.environ, **m.spec.env}
+        with m.log_path.open("ab") as log:
+            stamp = datetime.now(UTC).isoformat(timespec="seconds")
+            log.write(f"{START_HEADER} {m.spec.name} at {stamp}: {' '.join(m.spec.argv)}\n".encode())
+            log.flush()
+            m.process = await asyncio.create_subprocess_exec(
+                *m.spec.argv,
+                env=env,
+                cwd=self.cwd,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=log,
+                stderr=asyncio.subprocess.STDOUT,
+                start_new_session=True,  # Ctrl-C reaches only the supervisor, which stops children in order
+                preexec_fn=_die_with_parent,
+            )
+        m.started_at = time.monotonic()
+        m.state = "running"
+
+    async def _watch(self, m: Managed) -> None:
+        """Wait for the process to exit; unless stopping, restart it after the backoff delay."""
+        while True:
+            assert m.process is not None
+            code = await m.process.wait()
+            if self.stopping:
+                m.state = "stopped"
+                return
+            uptime = time.monotonic() - m.started_at
+            if uptime >= self.policy.reset_after_s:
+                m.failures = 0
+            m.failures += 1
+            delay = self.policy.delay(m.failures)
+            m.state = "backoff"
+            self.notify(
+                f"{m.spec.name} exited with code {code} after {uptime:.1f}s; "
+                f"restarting in {delay:.1f}s (restart {m.restarts + 1}, see {m.log_path})"
+            )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), delay)
+            if self.stopping:
+                m.state = "stopped"
+                return
+            await self._spawn(m)
+            m.restarts += 1
+            if m.spec.port is not None:
+                task = asyncio.create_task(self._announce_recovery(m))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+
+    async def _announce_recovery(self, m: Managed) -> None:
+        process = m.process
+        while not self.stopping and m.process is process and m.running:
+            if await self.health(m.spec):
+                m.state = "serving"
+                self.notify(f"{m.spec.name} is SERVING again (pid {m.pid})")
+                return
+            await asyncio.sleep(0.5)
+
+    async def stop(self) -> None:
+        """SIGTERM in reverse dependency order (each level waits up to stop_timeout_s, then SIGKILL)."""
+        self.stopping = True
+        self._wake.set()
+        for level in reversed(self.levels()):
+            await asyncio.gather(*(self._terminate(self.procs[n]) for n in level))
+        for m in self.procs.values():
+            if m.watcher is not None:
+                m.watcher.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await m.watcher
+            m.state = "stopped"
+
+    async def _terminate(self, m: Managed) -> None:
+        if not m.running:
+            return
+        assert m.process is not None
+        with contextlib.suppress(ProcessLookupError):
+            m.process.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(m.process.wait(), self.stop_timeout_s)
+        except TimeoutError:
+            self.notify(f"{m.spec.name} still running {self.stop_timeout_s:.0f}s after SIGTERM; killing it")
+            with contextlib.suppress(ProcessLookupError):
+                m.process.kill()
+            await m.process.wait()

@@ -1,0 +1,132 @@
+"""The supervisor with trivial child processes: dependency order, restart with backoff, clean stop."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+import pytest
+
+from services.cli.stack import BackoffPolicy, StackError, Supervisor
+from services.cli.topology import ProcessSpec
+
+
+def child(code: str, name: str, depends_on: list[str] | None = None) -> ProcessSpec:
+    return ProcessSpec(name=name, argv=[sys.executable, "-c", code], depends_on=depends_on or [])
+
+
+SLEEP = "import time; time.sleep(60)"
+
+
+def test_backoff_grows_to_its_cap() -> None:
+    policy = BackoffPolicy(initial_s=0.5, factor=2, max_s=5)
+    assert [policy.delay(n) for n in range(1, 7)] == [0.5, 1.0, 2.0, 4.0, 5.0, 5.0]
+
+
+def test_dependency_cycles_and_unknown_names_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="unknown"):
+        Supervisor([child(SLEEP, "a", ["x"])], tmp_path)
+    with pytest.raises(ValueError, match="cycle"):
+        Supervisor([child(SLEEP, "a", ["b"]), child(SLEEP, "b", ["a"])], tmp_path).levels()
+
+
+async def test_starts_in_dependency_order_waiting_for_health(tmp_path: Path) -> None:
+    events: list[str] = []
+    checks = {"db": 0}
+
+    async def health(spec: ProcessSpec) -> bool:
+        if spec.name == "db":  # healthy only on the third check
+            checks["db"] += 1
+            assert sup.procs["app"].process is None, "app started before db was healthy"
+            return checks["db"] >= 3
+        return True
+
+    specs = [child(SLEEP, "app", ["db", "cache"]), child(SLEEP, "db"), child(SLEEP, "cache")]
+    sup = Supervisor(specs, tmp_path, notify=events.append, health=health, stop_timeout_s=5)
+    assert sup.levels() == [["db", "cache"], ["app"]]
+    try:
+        await sup.start(timeout_s=10)
+        assert events[-1] == "app is SERVING"
+        assert set(events[:2]) == {"db is SERVING", "cache is SERVING"}
+        assert all(m.running for m in sup.procs.values())
+        assert (tmp_path / "app.log").read_text().startswith("=== meshserve up: starting app")
+    finally:
+        await sup.stop()
+    assert all(m.process.returncode is not None for m in sup.procs.values())
+
+
+async def test_crashed_process_restarts_with_exponential_backoff(tmp_path: Path) -> None:
+    events: list[str] = []
+    policy = BackoffPolicy(initial_s=0.1, factor=2, max_s=10, reset_after_s=30)
+
+    async def health(spec: ProcessSpec) -> bool:
+        return True
+
+    crash = child("import sys, time; print('crashing', flush=True); time.sleep(0.2); sys.exit(3)", "flaky")
+    sup = Supervisor([crash], tmp_path, policy, notify=events.append, health=health)
+    try:
+        await sup.start(timeout_s=5)
+        await asyncio.sleep(2.0)
+        m = sup.procs["flaky"]
+        assert m.restarts >= 3
+        restarts = [e for e in events if "exited with code 3" in e]
+        assert "restarting in 0.1s (restart 1" in restarts[0]
+        assert "restarting in 0.2s (restart 2" in restarts[1]
+        assert "restarting in 0.4s (restart 3" in restarts[2]
+        assert (tmp_path / "flaky.log").read_text().count("=== meshserve up: starting flaky") == m.restarts + 1
+    finally:
+        await sup.stop()
+    assert sup.procs["flaky"].state == "stopped"
+
+
+async def test_a_stable_run_resets_the_backoff(tmp_path: Path) -> None:
+    events: list[str] = []
+    policy = BackoffPolicy(initial_s=0.1, factor=10, max_s=10, reset_after_s=0.2)
+
+    async def health(spec: ProcessSpec) -> bool:
+        return True
+
+    sup = Supervisor([child("import time; time.sleep(0.3)", "job")], tmp_path, policy, notify=events.append,
+                     health=health)  # fmt: skip
+    try:
+        await sup.start(timeout_s=5)
+        await asyncio.sleep(1.5)
+    finally:
+        await sup.stop()
+    delays = [e for e in events if "restarting in" in e]
+    assert len(delays) >= 2 and all("restarting in 0.1s" in e for e in delays)
+
+
+async def test_start_gives_up_with_the_log_tail(tmp_path: Path) -> None:
+    policy = BackoffPolicy(initial_s=0.05, max_s=0.1)
+
+    async def health(spec: ProcessSpec) -> bool:
+        return False
+
+    sup = Supervisor([child("print('boom: bad config'); raise SystemExit(2)", "broken")], tmp_path, policy,
+                     notify=lambda _: None, health=health)  # fmt: skip
+    try:
+        with pytest.raises(StackError, match="boom: bad config") as info:
+            await sup.start(timeout_s=1.0)
+        assert "broken not SERVING" in str(info.value)
+    finally:
+        await sup.stop()
+
+
+async def test_stop_sends_sigterm_then_kills(tmp_path: Path) -> None:
+    events: list[str] = []
+    stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up' + 'now', flush=True); " \
+        "time.sleep(60)"  # fmt: skip
+
+    async def health(spec: ProcessSpec) -> bool:
+        return spec.name != "stubborn" or "upnow" in (tmp_path / "stubborn.log").read_text()
+
+    sup = Supervisor([child(SLEEP, "polite"), child(stubborn, "stubborn")], tmp_path, notify=events.append,
+                     health=health, stop_timeout_s=0.5)  # fmt: skip
+    await sup.start(timeout_s=10)
+    await sup.stop()
+    assert sup.procs["polite"].process.returncode == -15
+    assert sup.procs["stubborn"].process.returncode == -9
+    assert any("stubborn still running" in e and "killing" in e for e in events)
+    assert not any("restarting" in e for e in events)
