@@ -1,0 +1,1 @@
+"""Manifest validation: kustomize builds of k8s/, istio/ policy, Dockerfiles (no cluster, no Docker)."""
