@@ -25,6 +25,10 @@ def channel_options(settings: GatewaySettings) -> list[tuple[str, int]]:
         ("grpc.keepalive_timeout_ms", int(settings.keepalive_timeout_s * 1000)),
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.http2.max_pings_without_data", 0),
+        # Reconnect within a second or two when a service comes back (grpc's default backoff grows to 120 s).
+        ("grpc.initial_reconnect_backoff_ms", 100),
+        ("grpc.min_reconnect_backoff_ms", 100),
+        ("grpc.max_reconnect_backoff_ms", 1000),
         # Do not let grpcio itself retry: retries are the mesh's job (Envoy retry policy).
         ("grpc.enable_retries", 0),
     ]

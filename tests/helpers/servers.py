@@ -67,13 +67,13 @@ class ServiceProcess:
 
 
 @contextmanager
-def service_process(name: str, log_dir: Path, env: dict[str, str]) -> Iterator[ServiceProcess]:
-    """`python -m services.<name>` on free loopback ports, SERVING before the body runs, SIGTERM after.
+def service_process(name: str, log_dir: Path, env: dict[str, str], port: int | None = None) -> Iterator[ServiceProcess]:
+    """`python -m services.<name>` on free loopback ports (or `port`), SERVING before the body runs, SIGTERM after.
 
     `env` adds to (or, with an empty value, removes from) this process's environment.
     """
     prefix = f"MESHSERVE_{name.upper()}_"
-    port, metrics_port = free_port(), free_port()
+    port, metrics_port = port or free_port(), free_port()
     environ = {
         **os.environ,
         f"{prefix}HOST": "127.0.0.1",
@@ -98,7 +98,9 @@ def service_process(name: str, log_dir: Path, env: dict[str, str]) -> Iterator[S
         service.terminate()
 
 
-def model_service(repo: Path, log_dir: Path, **env: str) -> AbstractContextManager[ServiceProcess]:
+def model_service(
+    repo: Path, log_dir: Path, port: int | None = None, **env: str
+) -> AbstractContextManager[ServiceProcess]:
     """The model service on `repo` (see service_process)."""
     return service_process(
         "model",
@@ -109,6 +111,7 @@ def model_service(repo: Path, log_dir: Path, **env: str) -> AbstractContextManag
             "MESHSERVE_MODEL_GRACE_PERIOD_S": "20",
             **env,
         },
+        port,
     )
 
 
@@ -121,4 +124,22 @@ def feature_service(log_dir: Path, **env: str) -> AbstractContextManager[Service
     """The feature service; an embedded Valkey unless MESHSERVE_REDIS_URL is passed (see service_process)."""
     return service_process(
         "feature", log_dir, {"MESHSERVE_REDIS_URL": "", "MESHSERVE_FEATURE_GRACE_PERIOD_S": "5", **env}
+    )
+
+
+def gateway_service(
+    log_dir: Path, model: str, feature: str, cache: str, pipelines: Path | None = None, **env: str
+) -> AbstractContextManager[ServiceProcess]:
+    """The gateway pointed at the given model, feature and cache addresses (see service_process)."""
+    return service_process(
+        "gateway",
+        log_dir,
+        {
+            "MESHSERVE_GATEWAY_MODEL_ADDRESS": model,
+            "MESHSERVE_GATEWAY_FEATURE_ADDRESS": feature,
+            "MESHSERVE_GATEWAY_CACHE_ADDRESS": cache,
+            "MESHSERVE_GATEWAY_GRACE_PERIOD_S": "5",
+            **({"MESHSERVE_GATEWAY_PIPELINES_DIR": str(pipelines)} if pipelines is not None else {}),
+            **env,
+        },
     )
