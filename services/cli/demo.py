@@ -125,10 +125,19 @@ def render(summary: DemoSummary) -> Table:
     reasons = ", ".join(f"{k}: {v}" for k, v in summary.degraded_reasons.items())
     table.add_row("degraded", f"{summary.degraded}" + (f"  ({reasons})" if reasons else ""))
     table.add_row("errors", ", ".join(f"{k} {v}" for k, v in sorted(summary.errors.items())) or "0")
-    versions = ", ".join(f"v{k}: {v}" for k, v in sorted(summary.model_versions.items())) or "-"
+    versions = ", ".join(f"{k}: {v}" for k, v in sorted(summary.model_versions.items())) or "-"
     table.add_row("model versions", versions)
     table.add_row("score histogram", "\n".join(histogram_lines(summary.score_histogram)))
     return table
+
+
+def retry_after_s(error: grpc.aio.AioRpcError, default_ms: int = 50) -> float:
+    """The server's `grpc-retry-pushback-ms` hint (seconds), else `default_ms`."""
+    for key, value in error.trailing_metadata() or ():
+        if key == "grpc-retry-pushback-ms":
+            with contextlib.suppress(ValueError):
+                return max(0, int(value)) / 1000.0
+    return default_ms / 1000.0
 
 
 async def _worker(
@@ -148,8 +157,8 @@ async def _worker(
             response = await stub.ModelInfer(request, timeout=timeout_s)
         except grpc.aio.AioRpcError as e:
             stats.error(e.code().name)
-            if e.code() == grpc.StatusCode.UNAVAILABLE:
-                await asyncio.sleep(0.05)  # do not spin while a dependency restarts
+            if e.code() in (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE):
+                await asyncio.sleep(retry_after_s(e))  # shed or restarting: back off as a well-behaved client
             continue
         latency_ms = (time.perf_counter() - t0) * 1000.0
         parameters = {k: parameter_value(v) for k, v in response.parameters.items()}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -158,6 +159,8 @@ def _jsonable(array: np.ndarray) -> Any:
         return np.vectorize(lambda b: b.decode(errors="replace") if isinstance(b, bytes) else b, otypes=[object])(
             array
         ).tolist()
+    if array.dtype in (np.float32, np.float16):  # shortest text that reads back as the same float32
+        return np.vectorize(lambda v: float(f"{v:.8g}"), otypes=[object])(array).tolist()
     return array.tolist()
 
 
@@ -187,6 +190,12 @@ def response_json(response: inference_pb2.ModelInferResponse) -> dict[str, Any]:
         "outputs": {name: _jsonable(a) for name, a in decode_outputs(response).items()},
         "parameters": {k: parameter_value(v) for k, v in sorted(response.parameters.items())},
     }
+
+
+def dumps(result: dict[str, Any]) -> str:
+    """Indented JSON whose innermost lists stay on one line (tensors stay readable)."""
+    text = json.dumps(result, indent=2)
+    return re.sub(r"\[\n\s*([^\[\]{}]*?)\n\s*\]", lambda m: "[" + re.sub(r",\n\s*", ", ", m.group(1)) + "]", text)
 
 
 def rpc_error_message(error: grpc.RpcError, address: str) -> str:

@@ -69,7 +69,7 @@ def infer(
     """Send one request; print outputs and response parameters as JSON."""
     import grpc
 
-    from services.cli.infer import InputError, infer, rpc_error_message
+    from services.cli.infer import InputError, dumps, infer, rpc_error_message
 
     try:
         result = infer(address, pipeline, json_, debug=debug, version=version, timeout_s=timeout)
@@ -79,7 +79,7 @@ def infer(
     except grpc.RpcError as e:
         err.print(f"[red]{pipeline}[/]: {rpc_error_message(e, address)}", highlight=False)
         raise typer.Exit(1) from None
-    print(json.dumps(result, indent=2))
+    print(dumps(result))
 
 
 @app.command()
@@ -104,7 +104,8 @@ def demo(
     except grpc.RpcError as e:
         err.print(f"[red]{pipeline}[/]: {rpc_error_message(e, address)}", highlight=False)
         raise typer.Exit(1) from None
-    console.print(render(summary))
+    if not (console.is_terminal if live is None else live):  # the live view already shows the final figures
+        console.print(render(summary))
     console.print(
         f"[bold]summary[/]: {summary.ok}/{summary.requests} ok in {summary.duration_s:.1f}s, {summary.rps:.1f} req/s, "
         f"p50 {summary.p50_ms:.2f} ms, p99 {summary.p99_ms:.2f} ms, cache hits {summary.cache_hit_ratio:.1%}, "

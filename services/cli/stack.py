@@ -107,6 +107,7 @@ class Supervisor:
         health: HealthCheck = grpc_health,
         stop_timeout_s: float = 10.0,
         cwd: Path | None = None,
+        on_spawn: Callable[[Managed], None] | None = None,
     ) -> None:
         names = [s.name for s in specs]
         if len(set(names)) != len(names):
@@ -121,6 +122,7 @@ class Supervisor:
         self.health = health
         self.stop_timeout_s = stop_timeout_s
         self.cwd = cwd
+        self.on_spawn = on_spawn  # e.g. rewrite the state file with the new pid
         self.procs = {s.name: Managed(s, log_dir / f"{s.name}.log") for s in specs}
         self.stopping = False
         self._wake = asyncio.Event()  # set by stop(): ends backoff sleeps at once
@@ -183,6 +185,8 @@ class Supervisor:
             )
         m.started_at = time.monotonic()
         m.state = "running"
+        if self.on_spawn is not None:
+            self.on_spawn(m)
 
     async def _watch(self, m: Managed) -> None:
         """Wait for the process to exit; unless stopping, restart it after the backoff delay."""

@@ -68,7 +68,13 @@ async def run_stack(
         valkey = EmbeddedValkey()
         redis_url = await valkey.start()
     specs = build_specs(topology, redis_url)
-    supervisor = Supervisor(specs, log_dir, policy, notify=notify, stop_timeout_s=stop_timeout_s)
+    started = False
+
+    def on_spawn(_: object) -> None:  # a restart changes a pid: keep stack.json current
+        if started:
+            write_state(state_path, specs, redis_url, supervisor)
+
+    supervisor = Supervisor(specs, log_dir, policy, notify=notify, stop_timeout_s=stop_timeout_s, on_spawn=on_spawn)
     code = 0
     try:
         busy = busy_ports(specs)
@@ -86,6 +92,7 @@ async def run_stack(
             except StackError as e:
                 console.print(f"[red]stack did not start[/]: {e}", highlight=False)
                 return 1
+            started = True
             write_state(state_path, specs, redis_url, supervisor)
             gateway = next((s for s in specs if s.name == "gateway"), specs[-1])
             console.print(
