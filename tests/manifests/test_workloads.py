@@ -1,0 +1,206 @@
+"""Workload rules in every overlay: hardening, probes, ports, labels, identities, drain timing, config."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.manifests.support import Doc, containers, env_of, find, one
+
+SERVICES = {"gateway": 8000, "model": 8001, "feature": 8002, "cache": 8003}
+METRICS_PORTS = {"gateway": 9000, "model": 9001, "feature": 9002, "cache": 9003}
+DEPLOYMENTS = {"gateway": "gateway", "model-v1": "model", "model-v2": "model", "feature": "feature", "cache": "cache"}
+POD_LABELS = ("app", "app.kubernetes.io/name", "app.kubernetes.io/part-of", "version")
+
+
+def workloads(docs: list[Doc]) -> list[Doc]:
+    return find(docs, "Deployment") + find(docs, "StatefulSet")
+
+
+def pod_labels(workload: Doc) -> dict[str, str]:
+    return workload["spec"]["template"]["metadata"]["labels"]
+
+
+def selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
+
+
+def test_expected_workloads(overlay: tuple[str, list[Doc]]) -> None:
+    name, docs = overlay
+    expected = set(DEPLOYMENTS) - ({"model-v2"} if name == "prod-flagger" else set())
+    assert {d["metadata"]["name"] for d in find(docs, "Deployment")} == expected
+    assert [d["metadata"]["name"] for d in find(docs, "StatefulSet")] == ["redis"]
+    assert all(d["metadata"]["namespace"] == "meshserve" for d in workloads(docs))
+    assert one(docs, "Namespace", "meshserve")["metadata"]["labels"]["istio-injection"] == "enabled"
+
+
+def test_pods_are_hardened(overlay: tuple[str, list[Doc]]) -> None:
+    _, docs = overlay
+    for workload in workloads(docs):
+        where = workload["metadata"]["name"]
+        pod = workload["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True, where
+        assert pod["securityContext"]["runAsUser"] > 0, where
+        assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault", where
+        assert pod["automountServiceAccountToken"] is False, where
+        assert not pod.get("hostNetwork") and not pod.get("hostPID") and not pod.get("hostIPC"), where
+        for c in containers(workload):
+            sc = c["securityContext"]
+            assert sc["allowPrivilegeEscalation"] is False, (where, c["name"])
+            assert sc["readOnlyRootFilesystem"] is True, (where, c["name"])
+            assert sc["runAsNonRoot"] is True, (where, c["name"])
+            assert sc["capabilities"] == {"drop": ["ALL"]}, (where, c["name"])
+            assert not sc.get("privileged"), (where, c["name"])
+            for kind in ("requests", "limits"):
+                assert {"cpu", "memory"} <= set(c["resources"][kind]), (where, c["name"], kind)
+            image = c["image"]
+            assert ":" in image.rsplit("/", 1)[-1] and not image.endswith(":latest"), (where, image)
+
+
+def test_labels_and_service_accounts(overlay: tuple[str, list[Doc]]) -> None:
+    _, docs = overlay
+    accounts = {d["metadata"]["name"] for d in find(docs, "ServiceAccount")}
+    for workload in find(docs, "Deployment"):
+        name = workload["metadata"]["name"]
+        svc = DEPLOYMENTS[name]
+        labels = pod_labels(workload)
+        assert all(k in labels for k in POD_LABELS), (name, labels)
+        assert labels["app"] == labels["app.kubernetes.io/name"] == svc
+        assert labels["app.kubernetes.io/part-of"] == "meshserve"
+        assert labels["version"] == ("v2" if name == "model-v2" else "v1")
+        assert selects(workload["spec"]["selector"]["matchLabels"], labels)
+        sa = workload["spec"]["template"]["spec"]["serviceAccountName"]
+        assert sa == f"meshserve-{svc}" and sa in accounts, name
+
+
+def test_services_and_ports(overlay: tuple[str, list[Doc]]) -> None:
+    name, docs = overlay
+    for svc, port in SERVICES.items():
+        if name == "prod-flagger" and svc == "model":
+            assert not find(docs, "Service", "model"), "Flagger owns the apex Service `model`"
+            continue
+        service = one(docs, "Service", svc)
+        ports = {p["name"]: p for p in service["spec"]["ports"]}
+        assert ports["grpc"]["port"] == port and ports["grpc"]["appProtocol"] == "grpc"
+        assert ports["http-metrics"]["port"] == METRICS_PORTS[svc]
+        pods = [d for d in find(docs, "Deployment") if selects(service["spec"]["selector"], pod_labels(d))]
+        assert pods, f"Service {svc} selects no Deployment"
+        for workload in pods:
+            c = workload["spec"]["template"]["spec"]["containers"][0]
+            named = {p["name"]: p["containerPort"] for p in c["ports"]}
+            assert named == {"grpc": port, "http-metrics": METRICS_PORTS[svc]}
+    redis = one(docs, "Service", "redis")
+    assert redis["spec"]["ports"][0]["port"] == 6379
+
+
+def test_grpc_probes_and_drain_timing(overlay: tuple[str, list[Doc]]) -> None:
+    _, docs = overlay
+    for workload in find(docs, "Deployment"):
+        name = workload["metadata"]["name"]
+        svc = DEPLOYMENTS[name]
+        pod = workload["spec"]["template"]["spec"]
+        c = pod["containers"][0]
+        assert c["command"] == ["python", "-m", f"services.{svc}"]
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            assert c[probe]["grpc"]["port"] == SERVICES[svc], (name, probe)
+        env = env_of(c)
+        prefix = f"MESHSERVE_{svc.upper()}_"
+        assert env[f"{prefix}PORT"] == str(SERVICES[svc]) and env[f"{prefix}METRICS_PORT"] == str(METRICS_PORTS[svc])
+        drain = float(env[f"{prefix}SHUTDOWN_DELAY_S"]) + float(env[f"{prefix}GRACE_PERIOD_S"])
+        assert pod["terminationGracePeriodSeconds"] > drain, name
+        live = c["livenessProbe"]
+        assert live["periodSeconds"] * live["failureThreshold"] > drain, f"{name}: liveness would kill a drain"
+        proxy = json.loads(workload["spec"]["template"]["metadata"]["annotations"]["proxy.istio.io/config"])
+        assert float(proxy["terminationDrainDuration"].rstrip("s")) >= drain, name
+        assert env_of(c).get("OTEL_SERVICE_NAME") == svc
+        assert c["envFrom"][0]["configMapRef"]["name"].startswith("meshserve-common-")
+
+
+def test_gateway_and_model_settings(overlay: tuple[str, list[Doc]]) -> None:
+    name, docs = overlay
+    gateway = env_of(one(docs, "Deployment", "gateway")["spec"]["template"]["spec"]["containers"][0])
+    assert gateway["MESHSERVE_GATEWAY_MODEL_ADDRESS"] == "model:8001"
+    assert gateway["MESHSERVE_GATEWAY_FEATURE_ADDRESS"] == "feature:8002"
+    assert gateway["MESHSERVE_GATEWAY_CACHE_ADDRESS"] == "cache:8003"
+    for version in ("v1", "v2"):
+        if name == "prod-flagger" and version == "v2":
+            continue
+        model = one(docs, "Deployment", f"model-{version}")
+        pod = model["spec"]["template"]["spec"]
+        env = env_of(pod["containers"][0])
+        assert json.loads(env["MESHSERVE_MODEL_PINNED_VERSIONS"]) == {"fraud_mlp": [int(version[1:])]}
+        repo = env["MESHSERVE_MODEL_REPOSITORY"]
+        (init,) = pod["initContainers"]
+        assert any(m["mountPath"] == repo for m in init["volumeMounts"])
+        assert any(m["mountPath"] == repo for m in pod["containers"][0]["volumeMounts"])
+        gpus = pod["containers"][0]["resources"]["limits"].get("nvidia.com/gpu")
+        assert gpus == (1 if name.startswith("prod") else None), (name, version)
+
+
+def test_zone_spread_in_prod(overlay: tuple[str, list[Doc]]) -> None:
+    name, docs = overlay
+    for workload in find(docs, "Deployment"):
+        keys = {c["topologyKey"] for c in workload["spec"]["template"]["spec"]["topologySpreadConstraints"]}
+        assert "kubernetes.io/hostname" in keys
+        assert ("topology.kubernetes.io/zone" in keys) == name.startswith("prod"), workload["metadata"]["name"]
+
+
+def test_disruption_budgets_cover_every_deployment(overlay: tuple[str, list[Doc]]) -> None:
+    _, docs = overlay
+    budgets = find(docs, "PodDisruptionBudget")
+    for workload in find(docs, "Deployment"):
+        covering = [b for b in budgets if selects(b["spec"]["selector"]["matchLabels"], pod_labels(workload))]
+        assert len(covering) == 1, workload["metadata"]["name"]
+        assert "maxUnavailable" in covering[0]["spec"]
+
+
+def test_volumes_reference_generated_config_maps(overlay: tuple[str, list[Doc]]) -> None:
+    _, docs = overlay
+    maps = {d["metadata"]["name"]: d for d in find(docs, "ConfigMap")}
+    for workload in workloads(docs):
+        for volume in workload["spec"]["template"]["spec"].get("volumes", []):
+            sources = [volume["configMap"]] if "configMap" in volume else []
+            sources += [s["configMap"] for s in volume.get("projected", {}).get("sources", []) if "configMap" in s]
+            for source in sources:
+                assert source["name"] in maps, f"{workload['metadata']['name']}: no ConfigMap {source['name']}"
+                if "items" in source:
+                    assert {i["key"] for i in source["items"]} == set(maps[source["name"]]["data"]), source["name"]
+
+
+def test_redis_is_reachable_only_from_feature_and_cache(overlay: tuple[str, list[Doc]]) -> None:
+    _, docs = overlay
+    policy = one(docs, "NetworkPolicy", "redis")
+    (rule,) = policy["spec"]["ingress"]
+    (peer,) = rule["from"]
+    (expr,) = peer["podSelector"]["matchExpressions"]
+    assert (expr["key"], expr["operator"], sorted(expr["values"])) == ("app", "In", ["cache", "feature"])
+    common = next(d for d in find(docs, "ConfigMap") if d["metadata"]["name"].startswith("meshserve-common-"))
+    assert common["data"]["MESHSERVE_REDIS_URL"] == "redis://redis:6379/0"
+
+
+@pytest.mark.usefixtures("schemas_dir")
+def test_mesh_policy_matches_the_workloads(overlay: tuple[str, list[Doc]]) -> None:
+    """istio/ and k8s/ agree: hosts are Services, subsets select pods, principals are ServiceAccounts."""
+    _, docs = overlay
+    services = {d["metadata"]["name"]: d for d in find(docs, "Service")}
+    rules = {d["spec"]["host"]: d for d in find(docs, "DestinationRule")}
+    for vs in find(docs, "VirtualService"):
+        for route in vs["spec"].get("http", []):
+            for dest in (r["destination"] for r in route.get("route", [])):
+                host = dest["host"]
+                assert host in services, f"VirtualService {vs['metadata']['name']}: no Service {host}"
+                ports = {p["port"] for p in services[host]["spec"]["ports"]}
+                assert dest.get("port", {}).get("number", next(iter(ports))) in ports
+                if "subset" in dest:
+                    subsets = {s["name"]: s for s in rules[host]["spec"]["subsets"]}
+                    labels = {**services[host]["spec"]["selector"], **subsets[dest["subset"]]["labels"]}
+                    assert any(selects(labels, pod_labels(w)) for w in find(docs, "Deployment")), (host, dest)
+    accounts = {f"cluster.local/ns/meshserve/sa/{d['metadata']['name']}" for d in find(docs, "ServiceAccount")}
+    for policy in find(docs, "AuthorizationPolicy"):
+        selector = policy["spec"].get("selector", {}).get("matchLabels", {})
+        assert any(selects(selector, pod_labels(w)) for w in find(docs, "Deployment")), policy["metadata"]["name"]
+        for rule in policy["spec"].get("rules", []):
+            for source in rule.get("from", []):
+                for principal in source["source"].get("principals", []):
+                    assert principal in accounts, principal
