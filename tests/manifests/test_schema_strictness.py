@@ -8,7 +8,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
-from tests.manifests.support import Doc, crd_errors, find, one, strict_root, strictify
+from tests.manifests.support import Doc, crd_errors, crd_validators, find, one, strict_root, strictify
 
 
 def rename_key(node: dict[str, Any], path: list[str | int], new: str) -> None:
@@ -115,3 +115,23 @@ def test_strictify_follows_the_readme_rules() -> None:
     node: dict[str, Any] = {"type": "object", "properties": {"a": {"type": "object", "properties": {}}}}
     strictify(node)
     assert node["properties"]["a"]["additionalProperties"] is False
+
+
+@pytest.mark.usefixtures("schemas_dir")
+def test_every_expected_custom_kind_has_a_schema() -> None:
+    """Istio, Flagger, KEDA and Prometheus Operator kinds are all checkable (none silently skipped)."""
+    known = set(crd_validators())
+    for api, kind in [
+        ("networking.istio.io/v1", "VirtualService"),
+        ("networking.istio.io/v1", "DestinationRule"),
+        ("networking.istio.io/v1", "Gateway"),
+        ("security.istio.io/v1", "PeerAuthentication"),
+        ("security.istio.io/v1", "AuthorizationPolicy"),
+        ("telemetry.istio.io/v1", "Telemetry"),
+        ("flagger.app/v1beta1", "Canary"),
+        ("flagger.app/v1beta1", "MetricTemplate"),
+        ("keda.sh/v1alpha1", "ScaledObject"),
+        ("monitoring.coreos.com/v1", "ServiceMonitor"),
+        ("monitoring.coreos.com/v1", "PrometheusRule"),
+    ]:
+        assert (api, kind) in known, (api, kind)

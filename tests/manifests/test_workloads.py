@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from tests.manifests.support import Doc, containers, env_of, find, one
 
 SERVICES = {"gateway": 8000, "model": 8001, "feature": 8002, "cache": 8003}
@@ -179,7 +177,6 @@ def test_redis_is_reachable_only_from_feature_and_cache(overlay: tuple[str, list
     assert common["data"]["MESHSERVE_REDIS_URL"] == "redis://redis:6379/0"
 
 
-@pytest.mark.usefixtures("schemas_dir")
 def test_mesh_policy_matches_the_workloads(overlay: tuple[str, list[Doc]]) -> None:
     """istio/ and k8s/ agree: hosts are Services, subsets select pods, principals are ServiceAccounts."""
     _, docs = overlay
