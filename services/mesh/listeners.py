@@ -32,6 +32,22 @@ def rds_source(routes_dir: Path, name: str) -> dict[str, Any]:
     }
 
 
+def parent_based_sampler(percent: float) -> dict[str, Any]:
+    """OpenTelemetry ParentBased(TraceIdRatioBased(percent)) sampler extension."""
+    samplers = "type.googleapis.com/envoy.extensions.tracers.opentelemetry.samplers.v3"
+    ratio = {"numerator": round(percent * 10_000), "denominator": "MILLION"}
+    return {
+        "name": "envoy.tracers.opentelemetry.samplers.parent_based",
+        "typed_config": {
+            "@type": f"{samplers}.ParentBasedSamplerConfig",
+            "wrapped_sampler": {
+                "name": "envoy.tracers.opentelemetry.samplers.trace_id_ratio_based",
+                "typed_config": {"@type": f"{samplers}.TraceIdRatioBasedSamplerConfig", "sampling_percentage": ratio},
+            },
+        },
+    }
+
+
 def tracing(istio: IstioConfig, otlp: str | None, service_name: str) -> dict[str, Any] | None:
     """Telemetry tracing to the OpenTelemetry tracer; None when there is no collector or no tracing resource."""
     if otlp is None:
@@ -40,10 +56,11 @@ def tracing(istio: IstioConfig, otlp: str | None, service_name: str) -> dict[str
         for t in telemetry.spec.tracing:
             if t.disable_span_reporting:
                 continue
+            percent = 1.0 if t.random_sampling_percentage is None else t.random_sampling_percentage
             return {
-                "random_sampling": {
-                    "value": 1.0 if t.random_sampling_percentage is None else t.random_sampling_percentage
-                },
+                # Envoy's own decision samples everything; the OTel sampler decides: an incoming sampled or
+                # unsampled `traceparent` is honoured, a new trace is sampled at randomSamplingPercentage.
+                "random_sampling": {"value": 100.0},
                 "spawn_upstream_span": True,
                 "provider": {
                     "name": "envoy.tracers.opentelemetry",
@@ -51,6 +68,7 @@ def tracing(istio: IstioConfig, otlp: str | None, service_name: str) -> dict[str
                         "@type": "type.googleapis.com/envoy.config.trace.v3.OpenTelemetryConfig",
                         "grpc_service": {"envoy_grpc": {"cluster_name": OTLP_CLUSTER}, "timeout": "1s"},
                         "service_name": service_name,
+                        "sampler": parent_based_sampler(percent),
                     },
                 },
             }
