@@ -1,0 +1,78 @@
+"""Rendered configurations pass `envoy --mode validate`; LocalMesh weight changes without a running Envoy."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from services.mesh import LocalMesh, MeshConfigError
+from services.mesh.envoy import EnvoyProcess, validate
+from tests.unit.mesh.conftest import ISTIO, topology
+
+
+@pytest.mark.parametrize("variant", [None, "model-fault.yaml"])
+def test_rendered_config_passes_envoy_validate(tmp_path: Path, variant: str | None) -> None:
+    paths = [ISTIO] + ([ISTIO / "variants" / variant] if variant else [])
+    mesh = LocalMesh(topology(otlp="127.0.0.1:4317"), paths, tmp_path)
+    mesh.validate()
+    assert sorted(p.name for p in (tmp_path / "routes").iterdir()) == [
+        "ingress.yaml", "outbound_cache.yaml", "outbound_feature.yaml", "outbound_gateway.yaml", "outbound_model.yaml",
+    ]  # fmt: skip
+
+
+def test_envoy_rejection_is_reported(tmp_path: Path) -> None:
+    bad = tmp_path / "envoy.yaml"
+    bad.write_text("static_resources: {clusters: [{name: x, typo_field: 1}]}\n")
+    with pytest.raises(MeshConfigError, match="rejected by envoy"):
+        validate(bad)
+
+
+def test_envoy_process_command_line(tmp_path: Path) -> None:
+    proc = EnvoyProcess(tmp_path / "envoy.yaml", "127.0.0.1:9901", tmp_path / "envoy.log", concurrency=1)
+    assert "--disable-hot-restart" in proc.command and "--log-path" in proc.command
+
+
+def route_weights(workdir: Path) -> list[int]:
+    doc = yaml.safe_load((workdir / "routes" / "outbound_model.yaml").read_text())
+    split = doc["resources"][0]["virtual_hosts"][0]["routes"][1]
+    return [c["weight"] for c in split["route"]["weighted_clusters"]["clusters"]]
+
+
+def test_set_weights_promote_rollback_and_attach(tmp_path: Path) -> None:
+    mesh = LocalMesh(topology(), [ISTIO], tmp_path)
+    mesh.render()
+    assert mesh.subsets("model") == ["v1", "v2"]
+    assert mesh.weights("model") == {"v1": 90, "v2": 10}
+    assert mesh.set_weights("model", {"v1": 75, "v2": 25}, wait=False) == {"v1": 75, "v2": 25}
+    assert route_weights(tmp_path) == [75, 25]
+    other = LocalMesh.attach(tmp_path)  # e.g. the CLI in another process
+    assert other.weights("model") == {"v1": 75, "v2": 25}
+    other.promote("model", wait=False)
+    assert route_weights(tmp_path) == [0, 100]
+    other.rollback("model", wait=False)
+    assert route_weights(tmp_path) == [100, 0]
+    assert LocalMesh.attach(tmp_path).weights("model") == {"v1": 100, "v2": 0}
+    assert not list((tmp_path / ".routes.staging").iterdir())  # written then renamed into place
+
+
+@pytest.mark.parametrize(
+    ("service", "weights", "fragment"),
+    [
+        ("model", {"v1": 50, "v2": 40}, "sum to 100"),
+        ("model", {"v3": 100}, "unknown subsets"),
+        ("feature", {"v1": 100}, "no weighted route"),
+        ("nope", {"v1": 100}, "unknown service"),
+    ],
+)
+def test_set_weights_errors(tmp_path: Path, service: str, weights: dict[str, int], fragment: str) -> None:
+    mesh = LocalMesh(topology(), [ISTIO], tmp_path)
+    mesh.render()
+    with pytest.raises(MeshConfigError, match=fragment):
+        mesh.set_weights(service, weights, wait=False)
+
+
+def test_attach_without_state(tmp_path: Path) -> None:
+    with pytest.raises(MeshConfigError, match="no local mesh state"):
+        LocalMesh.attach(tmp_path)
