@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from services.cache.l1 import L1Cache
 from services.common.errors import InvalidArgument, MeshserveError, NotFound, Unavailable
 from services.common.server import Lifecycle
 from services.common.tensor_codec import decode_request_inputs
@@ -68,7 +69,10 @@ class Gateway:
         self.admission = Admission(
             settings.max_inflight, settings.min_limit, settings.low_priority_share, settings.retry_after_ms
         )
-        self.runners = {name: PipelineRunner(spec, self.up, self.versions) for name, spec in self.pipelines.items()}
+        near = L1Cache(settings.near_cache_max_bytes, settings.near_cache_ttl_s)
+        self.runners = {
+            name: PipelineRunner(spec, self.up, self.versions, near) for name, spec in self.pipelines.items()
+        }
         self.stats = {name: PipelineStats() for name in self.pipelines}
         for name, spec in self.pipelines.items():
             self.admission.add_pool(name, spec.admission.max_inflight, spec.admission.adaptive)

@@ -15,7 +15,9 @@ import numpy as np
 from opentelemetry import trace
 
 from services.cache.client import CachedValue
+from services.cache.entry import Entry
 from services.cache.keys import request_key
+from services.cache.l1 import L1Cache
 from services.common.errors import MeshserveError, Unavailable
 from services.common.tensor_codec import NUMPY_DTYPES, encode_raw
 from services.gateway import metrics
@@ -85,8 +87,11 @@ class ModelFailure(Exception):
 class PipelineRunner:
     """Runs one pipeline; built once per pipeline at start, shared by every request."""
 
-    def __init__(self, spec: PipelineSpec, upstreams: Upstreams, versions: ServingVersions) -> None:
+    def __init__(
+        self, spec: PipelineSpec, upstreams: Upstreams, versions: ServingVersions, near: L1Cache | None = None
+    ) -> None:
         self.spec = spec
+        self.near = near if near is not None and near.max_bytes > 0 and near.max_ttl_s > 0 else None
         self.up = upstreams
         self.versions = versions
         self.model_inputs = spec.model_inputs()
@@ -132,13 +137,33 @@ class PipelineRunner:
         if not self.spec.cache.enabled or not keys:
             return None, None
         start = time.perf_counter()
+        if self.near is not None:
+            now = time.time()
+            for _, key in keys:
+                entry = self.near.get(key, now)
+                if entry is not None and entry.fresh(now):
+                    stages["cache"] = (time.perf_counter() - start) * 1e3
+                    return CachedValue(entry.value, entry.model_version, now - entry.stored_at, False), None
         with tracer.start_as_current_span("cache.lookup", attributes={"cache.keys": len(keys)}):
             timeout = deadline.for_hop(self.spec.timeouts.cache_ms, "the cache lookup")
             hits = await self.up.cache.lookup([k for _, k in keys], self.spec.name, allow_stale=True, timeout_s=timeout)
         stages["cache"] = (time.perf_counter() - start) * 1e3
-        fresh = next((h for h in hits if h is not None and not h.stale), None)
+        fresh_at = next((i for i, h in enumerate(hits) if h is not None and not h.stale), None)
         stale = next((h for h in hits if h is not None and h.stale), None)
+        if fresh_at is None:
+            return None, stale
+        fresh = hits[fresh_at]
+        assert fresh is not None
+        self._keep_near(keys[fresh_at][1], fresh.value, fresh.model_version, time.time() - fresh.age_s)
         return fresh, stale
+
+    def _keep_near(self, key: bytes, value: bytes, version: str, stored_at: float) -> None:
+        """Keep a fresh answer in the near cache (never past its own fresh time, nor the near cache's TTL)."""
+        if self.near is not None:
+            policy, model = self.spec.cache, self.spec.model.name
+            fresh_until = stored_at + policy.ttl_s
+            self.near.put(key, Entry(value, self.spec.name, model, version, stored_at, fresh_until, fresh_until),
+                          time.time())  # fmt: skip
 
     async def _features(
         self, inputs: Mapping[str, np.ndarray], rows: int, deadline: Deadline, headers: Sequence[tuple[str, str]]
@@ -318,6 +343,7 @@ class PipelineRunner:
         """Store the answer off the critical path (a task; the response does not wait for it)."""
         value = answer.to_cache_value(self.spec.model.name)
         policy = self.spec.cache
+        self._keep_near(key, value, answer.model_version, time.time())
         task = asyncio.ensure_future(
             self.up.cache.store(
                 key, value, pipeline=self.spec.name, model_name=self.spec.model.name,

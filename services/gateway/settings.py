@@ -24,7 +24,7 @@ class GatewaySettings(ServiceSettings):
     feature_address: str = Field("127.0.0.1:8002", description="Feature service (or its mesh listener).")
     cache_address: str = Field("127.0.0.1:8003", description="Cache service (or its mesh listener).")
     max_inflight: int = Field(256, ge=1, description="Requests in flight across all pipelines; beyond: shed.")
-    min_limit: int = Field(4, ge=1, description="The adaptive limit never goes below this.")
+    min_limit: int = Field(16, ge=1, description="The adaptive limit never goes below this (nor above the cap).")
     retry_after_ms: int = Field(
         50, ge=0, description="Retry hint sent with RESOURCE_EXHAUSTED (grpc-retry-pushback-ms)."
     )
@@ -37,3 +37,10 @@ class GatewaySettings(ServiceSettings):
     versions_ttl_s: float = Field(
         3.0, gt=0, description="A version not seen serving for this long stops being looked up in the cache."
     )
+    near_cache_ttl_s: float = Field(
+        2.0,
+        ge=0,
+        description="Fresh cache hits are kept in the gateway's own memory for at most this long, so hot "
+        "requests skip the cache RPC (bounded staleness after an Invalidate); 0 turns the near cache off.",
+    )
+    near_cache_max_bytes: int = Field(32 * 1024 * 1024, ge=0, description="Memory budget of the near cache.")
