@@ -37,21 +37,29 @@ def up(
     redis_url: Annotated[str | None, typer.Option(help="Use this Redis instead of an embedded Valkey.")] = None,
     replicas: Annotated[int, typer.Option(min=1, max=8, help="Model v1 replicas.")] = 2,
     canary: Annotated[bool, typer.Option(help="Run the model v2 canary replica.")] = True,
+    mesh: Annotated[
+        bool, typer.Option(help="Put Envoy (rendered from istio/) in front of every service, with the ingress.")
+    ] = True,
     host: Annotated[str, typer.Option(help="Address every service binds.")] = "127.0.0.1",
     start_timeout: Annotated[float, typer.Option(help="Seconds each service has to become SERVING.")] = 120.0,
     stop_timeout: Annotated[float, typer.Option(help="Seconds after SIGTERM before a service is killed.")] = 15.0,
 ) -> None:
-    """Run the local stack (Valkey, model v1 x2 + v2 canary, feature, cache, gateway) until Ctrl-C."""
+    """Run the local stack (Valkey, model v1 x2 + v2 canary, feature, cache, gateway, Envoy) until Ctrl-C."""
     from services.cli.topology import Topology
     from services.cli.up import run_stack
+    from services.mesh import MeshConfigError
 
-    topology = Topology.local(port_base, gateway_port, replicas, canary, models, pipelines, host)
+    topology = Topology.local(port_base, gateway_port, replicas, canary, models, pipelines, host, mesh)
     if not topology.models_dir.is_dir():
         err.print(f"model repository {topology.models_dir} not found (build it with `make models`, or --models)")
         raise typer.Exit(2)
-    code = asyncio.run(
-        run_stack(topology, log_dir.resolve(), console, redis_url, start_timeout, stop_timeout_s=stop_timeout)
-    )
+    try:
+        code = asyncio.run(
+            run_stack(topology, log_dir.resolve(), console, redis_url, start_timeout, stop_timeout_s=stop_timeout)
+        )
+    except MeshConfigError as e:
+        err.print(f"[red]mesh configuration[/]: {e}", highlight=False)
+        raise typer.Exit(2) from None
     raise typer.Exit(code)
 
 
@@ -127,6 +135,28 @@ def status(
     from services.cli.status import check_all
 
     raise typer.Exit(check_all(log_dir, port_base, console))
+
+
+@app.command()
+def canary(
+    weights: Annotated[str | None, typer.Option("--set", help="New split, e.g. v1=50,v2=50 (sums to 100).")] = None,
+    promote: Annotated[bool, typer.Option(help="Send all split traffic to v2.")] = False,
+    rollback: Annotated[bool, typer.Option(help="Send all split traffic back to v1.")] = False,
+    service: Annotated[str, typer.Option(help="Service whose route is split.")] = "model",
+    log_dir: Annotated[Path, typer.Option(help="The --log-dir of `meshserve up`.")] = Path(".logs"),
+) -> None:
+    """Show or change the canary split of the running local mesh (Envoy reloads routes; no restart)."""
+    from services.cli.canary import CanaryError, change, parse_weights
+
+    if sum([weights is not None, promote, rollback]) > 1:
+        err.print("give one of --set, --promote, --rollback")
+        raise typer.Exit(2)
+    try:
+        split = change(log_dir, service, parse_weights(weights) if weights else None, promote, rollback)
+    except (CanaryError, TimeoutError) as e:
+        err.print(f"[red]canary[/]: {e}", highlight=False)
+        raise typer.Exit(1) from None
+    console.print(f"{service}: " + ", ".join(f"{k} {v}%" for k, v in split.items()), highlight=False)
 
 
 def main() -> None:

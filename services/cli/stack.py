@@ -42,14 +42,32 @@ class StackError(RuntimeError):
     """The stack could not start (a process never became healthy); the message names it and shows its log."""
 
 
-async def grpc_health(spec: ProcessSpec, rpc_timeout_s: float = 1.0) -> bool:
-    """True when the process answers grpc.health.v1 Check("") with SERVING (no port: always true)."""
+async def check_health(spec: ProcessSpec, timeout_s: float = 1.0) -> bool:
+    """Ready: its health URL answers 200, else its gRPC health says SERVING (neither: once started)."""
+    if spec.health_url is not None:
+        return await asyncio.to_thread(http_ok, spec.health_url, timeout_s)
     if spec.address is None:
         return True
+    return await grpc_health(spec.address, timeout_s)
+
+
+def http_ok(url: str, timeout_s: float) -> bool:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:
+            return response.status == 200
+    except (OSError, urllib.error.URLError):
+        return False
+
+
+async def grpc_health(address: str, rpc_timeout_s: float = 1.0) -> bool:
+    """True when `address` answers grpc.health.v1 Check("") with SERVING."""
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    async with grpc.aio.insecure_channel(spec.address) as channel:
+    async with grpc.aio.insecure_channel(address) as channel:
         try:
             stub = health_pb2_grpc.HealthStub(channel)
             reply = await stub.Check(health_pb2.HealthCheckRequest(), timeout=rpc_timeout_s)
@@ -104,7 +122,7 @@ class Supervisor:
         log_dir: Path,
         policy: BackoffPolicy | None = None,
         notify: Notify = print,
-        health: HealthCheck = grpc_health,
+        health: HealthCheck = check_health,
         stop_timeout_s: float = 10.0,
         cwd: Path | None = None,
         on_spawn: Callable[[Managed], None] | None = None,
@@ -213,7 +231,7 @@ class Supervisor:
                 return
             await self._spawn(m)
             m.restarts += 1
-            if m.spec.port is not None:
+            if m.spec.port is not None or m.spec.health_url is not None:
                 task = asyncio.create_task(self._announce_recovery(m))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)

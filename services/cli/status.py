@@ -1,4 +1,4 @@
-"""`meshserve status`: the grpc.health.v1 status of each service of the local stack."""
+"""`meshserve status`: the health of each process of the local stack (grpc.health.v1, or Envoy's /ready)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from rich.console import Console
 from rich.table import Table
 
+from services.cli.stack import http_ok
 from services.cli.topology import Topology, build_specs
 from services.cli.up import STATE_FILE
 
 
-def health(address: str, timeout_s: float = 1.0) -> str:
+def grpc_status(address: str, timeout_s: float = 1.0) -> str:
     """SERVING, NOT_SERVING, ... or DOWN when nothing answers."""
     with grpc.insecure_channel(address) as channel:
         try:
@@ -25,27 +26,36 @@ def health(address: str, timeout_s: float = 1.0) -> str:
     return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
 
 
-def services(log_dir: Path, port_base: int) -> list[tuple[str, str]]:
-    """(name, address) from the running stack's stack.json, else from the default layout of `port_base`."""
+def targets(log_dir: Path, port_base: int) -> list[tuple[str, str, str]]:
+    """(name, "grpc"|"http", address or URL) from the running stack's stack.json, else the default layout."""
     state = log_dir / STATE_FILE
     if state.is_file():
         data = json.loads(state.read_text())
-        return [(s["name"], s["address"]) for s in data["services"] if s.get("address")]
+        out = [
+            (s["name"], "http", s["health_url"]) if s.get("health_url") else (s["name"], "grpc", s["address"])
+            for s in data["services"]
+            if s.get("address") or s.get("health_url")
+        ]
+        if data.get("ingress"):
+            out.append(("ingress", "grpc", data["ingress"]))
+        return out
     specs = build_specs(Topology.local(port_base, models_dir=Path(".")), redis_url="")
-    return [(s.name, s.address) for s in specs if s.address]
+    return [(s.name, "grpc", s.address) for s in specs if s.address]
 
 
 def check_all(log_dir: Path, port_base: int, console: Console) -> int:
-    """Print a table; 0 when every service is SERVING, else 1."""
+    """Print a table; 0 when every process is healthy, else 1."""
     table = Table(title="meshserve stack")
-    table.add_column("service")
-    table.add_column("address")
-    table.add_column("health")
-    worst = 0
-    for name, address in services(log_dir, port_base):
-        status = health(address)
-        colour = "green" if status == "SERVING" else "red"
-        worst = worst or int(status != "SERVING")
-        table.add_row(name, address, f"[{colour}]{status}[/]")
+    for column in ("service", "address", "health"):
+        table.add_column(column)
+    unhealthy = 0
+    for name, kind, target in targets(log_dir, port_base):
+        if kind == "http":
+            status = "READY" if http_ok(target, 1.0) else "DOWN"
+        else:
+            status = grpc_status(target)
+        ok = status in ("SERVING", "READY")
+        unhealthy += not ok
+        table.add_row(name, target, f"[{'green' if ok else 'red'}]{status}[/]")
     console.print(table)
-    return worst
+    return int(unhealthy > 0)

@@ -7,8 +7,12 @@ import os
 import socket
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, Field
+
+if TYPE_CHECKING:
+    from services.mesh import Topology as MeshTopology
 
 ROOT = Path(__file__).resolve().parents[2]
 METRICS_OFFSET = 1000  # metrics port = gRPC port + 1000 (8000 -> 9000), as the default ports are laid out
@@ -22,6 +26,7 @@ class ProcessSpec(BaseModel):
     env: dict[str, str] = Field(default_factory=dict, description="Added to the supervisor's environment.")
     host: str = "127.0.0.1"
     port: int | None = Field(None, description="gRPC port checked with grpc.health.v1 (None: ready once started).")
+    health_url: str | None = Field(None, description="Instead of gRPC health: ready when this URL answers 200.")
     metrics_port: int | None = None
     depends_on: list[str] = Field(default_factory=list, description="Processes that must be SERVING first.")
     role: str = ""
@@ -52,6 +57,13 @@ class Topology(BaseModel):
     cache_port: int = 8003
     cache_metrics_port: int = 9003
     replicas: list[Replica]
+    mesh: bool = Field(False, description="Run Envoy (rendered from istio/) between the services.")
+    ingress_port: int = 8080
+    admin_port: int = 9901
+    listen_ports: dict[str, int] = Field(
+        default_factory=dict, description="Per service, the Envoy outbound listener its callers use (mesh only)."
+    )
+    istio_paths: list[Path] = Field(default_factory=lambda: [ROOT / "istio"])
     models_dir: Path
     pipelines_dir: Path | None = None
     grace_period_s: float = Field(5.0, ge=0, description="Each service's drain time on SIGTERM.")
@@ -66,11 +78,14 @@ class Topology(BaseModel):
         models_dir: Path | None = None,
         pipelines_dir: Path | None = None,
         host: str = "127.0.0.1",
+        mesh: bool = False,
     ) -> Topology:
         """The default layout from `port_base` (0: every port a free one).
 
         gateway base, model v1 base+1, base+11, ..., feature base+2, cache base+3, model v2 canary base+21;
         each /metrics port is its gRPC port + 1000 (with base 8000: the documented 8000-8003 / 9000-9003).
+        With the mesh: Envoy's ingress base+80, admin base+1901 (8080, 9901), and the outbound listener of
+        gateway, model, feature, cache at base+100..103.
         """
 
         def port(offset: int) -> tuple[int, int]:
@@ -94,7 +109,17 @@ class Topology(BaseModel):
             gm = free_port(host) if port_base == 0 else gateway_port + METRICS_OFFSET
         f, fm = port(2)
         c, cm = port(3)
+        mesh_ports = {}
+        if mesh:
+            services = ("gateway", "model", "feature", "cache")
+            mesh_ports = {name: port(100 + i)[0] for i, name in enumerate(services)}
+            mesh_ports["ingress"] = port(80)[0]
+            mesh_ports["admin"] = port(1901)[0]
         return cls(
+            mesh=mesh,
+            ingress_port=mesh_ports.pop("ingress", 8080),
+            admin_port=mesh_ports.pop("admin", 9901),
+            listen_ports=mesh_ports,
             host=host,
             gateway_port=g,
             gateway_metrics_port=gm,
@@ -155,18 +180,67 @@ def service_spec(
     )
 
 
-def model_target(topology: Topology) -> str:
-    """Where the gateway sends model requests.
+def upstream(topology: Topology, service: str) -> str:
+    """Where the gateway reaches `service`: the Envoy listener with the mesh, else the service itself.
 
-    Without the local Envoy, the first v1 replica (the canary and the other replicas are reachable directly,
-    not through the gateway). With the mesh this becomes the Envoy listener that splits v1/v2.
+    Without the mesh the model "service" is the first v1 replica (the others and the canary get no
+    traffic from the gateway); with it, Envoy splits v1/v2 and retries across replicas.
     """
-    return topology.address(topology.replicas[0].port)
-
-
-def build_specs(topology: Topology, redis_url: str) -> list[ProcessSpec]:
-    """Process specs of the stack, dependencies first: model replicas, feature, cache, then the gateway."""
     t = topology
+    if t.mesh:
+        return t.address(t.listen_ports[service])
+    ports = {"model": t.replicas[0].port, "feature": t.feature_port, "cache": t.cache_port, "gateway": t.gateway_port}
+    return t.address(ports[service])
+
+
+def mesh_topology(topology: Topology) -> MeshTopology:
+    """The services.mesh topology (replicas with their subset labels, listeners, ingress, admin) of the stack."""
+    from services.mesh import Replica as MeshReplica
+    from services.mesh import ServiceTopology
+    from services.mesh import Topology as MeshTopology
+
+    t = topology
+    replicas = {
+        "gateway": [(t.gateway_port, "v1")],
+        "model": [(r.port, r.subset) for r in t.replicas],
+        "feature": [(t.feature_port, "v1")],
+        "cache": [(t.cache_port, "v1")],
+    }
+    return MeshTopology(
+        services={
+            name: ServiceTopology(
+                listen=t.address(t.listen_ports[name]),
+                replicas=[MeshReplica(address=t.address(p), labels={"version": v}) for p, v in ports],
+            )
+            for name, ports in replicas.items()
+        },
+        ingress=t.address(t.ingress_port),
+        admin=t.address(t.admin_port),
+        otlp=None,
+    )
+
+
+def envoy_spec(topology: Topology, command: list[str]) -> ProcessSpec:
+    """Envoy (its command from services.mesh), ready when its admin /ready answers; after the services."""
+    t = topology
+    return ProcessSpec(
+        name="envoy",
+        argv=command,
+        host=t.host,
+        health_url=f"http://{t.address(t.admin_port)}/ready",
+        role=f"mesh: ingress :{t.ingress_port}, admin :{t.admin_port}, outbound "
+        + ", ".join(f"{k} :{v}" for k, v in t.listen_ports.items()),
+    )
+
+
+def build_specs(topology: Topology, redis_url: str, envoy_command: list[str] | None = None) -> list[ProcessSpec]:
+    """Process specs of the stack, dependencies first: model replicas, feature, cache, (Envoy,) the gateway.
+
+    With the mesh (`topology.mesh` and Envoy's command), the gateway's upstream addresses are Envoy listeners.
+    """
+    t = topology
+    if t.mesh and envoy_command is None:
+        raise ValueError("the mesh needs Envoy's command (services.mesh.LocalMesh(...).envoy.command)")
     specs: list[ProcessSpec] = []
     for r in t.replicas:
         spec = service_spec(
@@ -191,10 +265,14 @@ def build_specs(topology: Topology, redis_url: str) -> list[ProcessSpec]:
                          {"MESHSERVE_REDIS_URL": redis_url})  # fmt: skip
     cache.role = "response cache"
     specs += [feature, cache]
+    if t.mesh and envoy_command is not None:
+        envoy = envoy_spec(t, envoy_command)
+        envoy.depends_on = [s.name for s in specs]
+        specs.append(envoy)
     gateway_env = {
-        "MESHSERVE_GATEWAY_MODEL_ADDRESS": model_target(t),
-        "MESHSERVE_GATEWAY_FEATURE_ADDRESS": t.address(t.feature_port),
-        "MESHSERVE_GATEWAY_CACHE_ADDRESS": t.address(t.cache_port),
+        "MESHSERVE_GATEWAY_MODEL_ADDRESS": upstream(t, "model"),
+        "MESHSERVE_GATEWAY_FEATURE_ADDRESS": upstream(t, "feature"),
+        "MESHSERVE_GATEWAY_CACHE_ADDRESS": upstream(t, "cache"),
     }
     if t.pipelines_dir is not None:
         gateway_env["MESHSERVE_GATEWAY_PIPELINES_DIR"] = str(t.pipelines_dir)
@@ -206,11 +284,10 @@ def build_specs(topology: Topology, redis_url: str) -> list[ProcessSpec]:
     return specs
 
 
-def busy_ports(specs: list[ProcessSpec]) -> list[str]:
-    """'name: port N' for every port of the specs that something already holds."""
-    busy = []
-    for spec in specs:
-        for port in (spec.port, spec.metrics_port):
-            if port and port_in_use(spec.host, port):
-                busy.append(f"{spec.name}: port {port}")
-    return busy
+def busy_ports(topology: Topology, specs: list[ProcessSpec]) -> list[str]:
+    """'name: port N' for every port of the stack that something already holds."""
+    ports = [(s.name, p) for s in specs for p in (s.port, s.metrics_port) if p]
+    if topology.mesh:
+        ports += [(f"envoy {k}", v) for k, v in topology.listen_ports.items()]
+        ports += [("envoy ingress", topology.ingress_port), ("envoy admin", topology.admin_port)]
+    return [f"{name}: port {port}" for name, port in ports if port_in_use(topology.host, port)]

@@ -6,15 +6,18 @@ import asyncio
 import contextlib
 import json
 import signal
+from collections.abc import Coroutine
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
-from services.cli.stack import BackoffPolicy, StackError, Supervisor
-from services.cli.topology import ProcessSpec, Topology, build_specs, busy_ports
+from services.cli.stack import BackoffPolicy, StackError, Supervisor, grpc_health
+from services.cli.topology import ProcessSpec, Topology, build_specs, busy_ports, mesh_topology
 
 STATE_FILE = "stack.json"
+MESH_DIR = "mesh"  # under the log dir: Envoy's rendered config (LocalMesh.attach(log_dir / MESH_DIR))
 
 
 def ports_table(specs: list[ProcessSpec], redis_url: str, title: str = "meshserve local stack") -> Table:
@@ -29,16 +32,21 @@ def ports_table(specs: list[ProcessSpec], redis_url: str, title: str = "meshserv
     return table
 
 
-def write_state(path: Path, specs: list[ProcessSpec], redis_url: str, supervisor: Supervisor) -> None:
+def write_state(path: Path, topology: Topology, specs: list[ProcessSpec], redis_url: str, sup: Supervisor) -> None:
     """`<log-dir>/stack.json`: what `meshserve status` (and tests) read to find the running stack."""
+    services = [
+        {"name": s.name, "address": s.address, "health_url": s.health_url, "pid": sup.procs[s.name].pid} for s in specs
+    ]
     state = {
         "redis_url": redis_url,
-        "services": [
-            {"name": s.name, "address": s.address, "metrics_port": s.metrics_port, "pid": supervisor.procs[s.name].pid}
-            for s in specs
-        ],
+        "gateway": topology.address(topology.gateway_port),
+        "ingress": topology.address(topology.ingress_port) if topology.mesh else None,
+        "mesh_dir": str(path.parent / MESH_DIR) if topology.mesh else None,
+        "services": services,
     }
-    path.write_text(json.dumps(state, indent=2))
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(state, indent=2))
+    tmp.replace(path)
 
 
 async def run_stack(
@@ -50,69 +58,105 @@ async def run_stack(
     stop_timeout_s: float = 15.0,
     policy: BackoffPolicy | None = None,
 ) -> int:
-    """Run the stack until a signal; 0 after a clean stop, 1 when it could not start."""
+    """Run the stack until a signal; 0 after a clean stop, 1 when it could not start.
+
+    Raises services.mesh.MeshConfigError when `istio/` cannot be rendered for the mesh.
+    """
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     log_dir.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 (once, at start-up)
     state_path = log_dir / STATE_FILE
+    envoy_command = render_mesh(topology, log_dir / MESH_DIR) if topology.mesh else None
 
     def notify(message: str) -> None:
         console.print(f"[dim]{_now()}[/] {message}", highlight=False)
 
     valkey = None
-    if redis_url is None:
-        from services.common.embedded import EmbeddedValkey
-
-        valkey = EmbeddedValkey()
-        redis_url = await valkey.start()
-    specs = build_specs(topology, redis_url)
-    started = False
-
-    def on_spawn(_: object) -> None:  # a restart changes a pid: keep stack.json current
-        if started:
-            write_state(state_path, specs, redis_url, supervisor)
-
-    supervisor = Supervisor(specs, log_dir, policy, notify=notify, stop_timeout_s=stop_timeout_s, on_spawn=on_spawn)
-    code = 0
+    supervisor: Supervisor | None = None
     try:
-        busy = busy_ports(specs)
+        if redis_url is None:
+            from services.common.embedded import EmbeddedValkey
+
+            valkey = EmbeddedValkey()
+            redis_url = await valkey.start()
+        specs = build_specs(topology, redis_url, envoy_command)
+        busy = busy_ports(topology, specs)
         if busy:
             console.print(f"[red]ports in use[/]: {'; '.join(busy)} (choose others with --port-base)")
             return 1
+        url = redis_url
+
+        def on_spawn(_: object) -> None:  # a restart changes a pid: keep stack.json current
+            if state_path.exists():
+                write_state(state_path, topology, specs, url, sup)
+
+        sup = supervisor = Supervisor(specs, log_dir, policy, notify, stop_timeout_s=stop_timeout_s, on_spawn=on_spawn)
         console.print(ports_table(specs, redis_url))
         console.print(f"logs: {log_dir}/<service>.log")
-        starting = asyncio.create_task(supervisor.start(start_timeout_s))
-        stopped = asyncio.create_task(stop.wait())
-        await asyncio.wait({starting, stopped}, return_when=asyncio.FIRST_COMPLETED)
-        if starting.done() and not stop.is_set():
-            try:
-                starting.result()
-            except StackError as e:
-                console.print(f"[red]stack did not start[/]: {e}", highlight=False)
-                return 1
-            started = True
-            write_state(state_path, specs, redis_url, supervisor)
-            gateway = next((s for s in specs if s.name == "gateway"), specs[-1])
-            console.print(
-                f"[green]stack is up[/]: gateway at {gateway.address} "
-                f"(try `meshserve demo --address {gateway.address}`); Ctrl-C stops it"
-            )
-            await stopped
-        else:
-            starting.cancel()
-            with contextlib.suppress(asyncio.CancelledError, StackError):
-                await starting
-        stopped.cancel()
-        return code
+        if not await _until_stopped(supervisor.start(start_timeout_s), stop, console):
+            return 0 if stop.is_set() else 1
+        entry = topology.address(topology.gateway_port)
+        if topology.mesh:
+            entry = topology.address(topology.ingress_port)
+            if not await _until_stopped(wait_grpc_serving(entry, 30.0), stop, console):
+                return 0 if stop.is_set() else 1
+            notify(f"ingress {entry} reaches the gateway through Envoy")
+        write_state(state_path, topology, specs, redis_url, supervisor)
+        console.print(
+            f"[green]stack is up[/]: {'ingress' if topology.mesh else 'gateway'} at {entry} "
+            f"(try `meshserve demo --address {entry}`); Ctrl-C stops it",
+            highlight=False,
+        )
+        await stop.wait()
+        return 0
     finally:
         console.print("stopping the stack ...")
-        await supervisor.stop()
+        if supervisor is not None:
+            await supervisor.stop()
         if valkey is not None:
             await valkey.stop()
         state_path.unlink(missing_ok=True)
         console.print("stopped")
+
+
+async def _until_stopped(work: Coroutine[Any, Any, None], stop: asyncio.Event, console: Console) -> bool:
+    """Run `work` unless a signal comes first; False when it was interrupted or failed (and says why)."""
+    task = asyncio.create_task(work)
+    stopped = asyncio.create_task(stop.wait())
+    await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    stopped.cancel()
+    if not task.done():
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, StackError):
+            await task
+        return False
+    try:
+        task.result()
+    except StackError as e:
+        console.print(f"[red]stack did not start[/]: {e}", highlight=False)
+        return False
+    return True
+
+
+def render_mesh(topology: Topology, workdir: Path) -> list[str]:
+    """Render Envoy's configuration from istio/ for the stack into `workdir`; Envoy's command line."""
+    from services.mesh import LocalMesh
+
+    mesh = LocalMesh(mesh_topology(topology), topology.istio_paths, workdir)
+    mesh.render()
+    return mesh.envoy.command
+
+
+async def wait_grpc_serving(address: str, timeout_s: float) -> None:
+    """Until `address` answers grpc.health.v1 SERVING; StackError after `timeout_s`."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not await grpc_health(address):
+        if loop.time() > deadline:
+            raise StackError(f"{address} not SERVING after {timeout_s:.0f}s")
+        await asyncio.sleep(0.2)
 
 
 def _now() -> str:

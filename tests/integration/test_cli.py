@@ -1,4 +1,4 @@
-"""The installed `meshserve` console script end to end: `up` on free ports, `status`, `infer`, `demo`, restart, stop.
+"""The installed `meshserve` end to end: `up` (with Envoy) on free ports, status, infer, demo, canary, restart, stop.
 
 Driven only as subprocesses: this pytest process imports tritonclient, whose protos clash with services.protos.
 """
@@ -42,9 +42,13 @@ ROW = {"event_time": 1717400000, "user_id": "u1", "merchant_id": "m2", "device_i
 @dataclass
 class Stack:
     process: subprocess.Popen[str]
-    address: str
+    gateway: str
     log_dir: Path
     output: Path
+
+    @property
+    def ingress(self) -> str:
+        return self.state()["ingress"]
 
     def state(self) -> dict:
         return json.loads((self.log_dir / "stack.json").read_text())
@@ -93,28 +97,29 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 
 def test_up_prints_every_service_and_reports_serving(stack: Stack) -> None:
     printed = stack.printed()
-    for name in ("valkey", "model-v1-a", "model-v1-b", "model-v2", "feature", "cache", "gateway"):
+    for name in ("valkey", "model-v1-a", "model-v1-b", "model-v2", "feature", "cache", "envoy", "gateway"):
         assert name in printed
-    assert f"gateway is SERVING on {stack.address}" in printed
+    assert f"gateway is SERVING on {stack.gateway}" in printed
+    assert f"stack is up: ingress at {stack.ingress}" in printed
     assert (stack.log_dir / "gateway.log").exists() and (stack.log_dir / "model-v2.log").exists()
     status = meshserve("status", "--log-dir", str(stack.log_dir))
     assert status.returncode == 0, status.stdout + status.stderr
-    assert status.stdout.count("SERVING") == 6
+    assert status.stdout.count("SERVING") == 7 and status.stdout.count("READY") == 1  # 6 services + ingress; envoy
 
 
-def test_infer_and_demo_through_the_gateway(stack: Stack, tmp_path: Path) -> None:
-    one = meshserve("infer", "fraud", "--address", stack.address, "--debug", "--json", json.dumps(ROW))
+def test_infer_and_demo_through_the_ingress(stack: Stack, tmp_path: Path) -> None:
+    one = meshserve("infer", "fraud", "--address", stack.ingress, "--debug", "--json", json.dumps(ROW))
     assert one.returncode == 0, one.stderr
     result = json.loads(one.stdout)
     assert 0.0 <= result["outputs"]["score"][0][0] <= 1.0
     assert result["parameters"]["cache"] in ("hit", "miss", "stale")
     assert any(k.startswith("stage_") for k in result["parameters"])
 
-    unknown = meshserve("infer", "nope", "--address", stack.address, "--json", json.dumps(ROW))
+    unknown = meshserve("infer", "nope", "--address", stack.ingress, "--json", json.dumps(ROW))
     assert unknown.returncode == 1 and "NOT_FOUND" in unknown.stderr
 
     summary_path = tmp_path / "summary.json"
-    demo = meshserve("demo", "--duration", "3", "--concurrency", "4", "--address", stack.address,
+    demo = meshserve("demo", "--duration", "3", "--concurrency", "4", "--address", stack.ingress,
                      "--summary-json", str(summary_path), "--no-live")  # fmt: skip
     assert demo.returncode == 0, demo.stdout + demo.stderr
     summary = json.loads(summary_path.read_text())
@@ -124,6 +129,25 @@ def test_infer_and_demo_through_the_gateway(stack: Stack, tmp_path: Path) -> Non
     assert summary["cache"].get("hit", 0) > 0, summary
     assert sum(summary["score_histogram"]) == summary["ok"]
     assert "summary:" in demo.stdout
+
+
+def test_canary_split_moves_at_run_time(stack: Stack) -> None:
+    def version(event_time: int) -> str:  # a new row each time: a cache miss that reaches the model through Envoy
+        row = {**ROW, "event_time": event_time}
+        out = meshserve("infer", "fraud", "--address", stack.gateway, "--json", json.dumps(row))
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)["parameters"]["model_version"]
+
+    shown = meshserve("canary", "--log-dir", str(stack.log_dir))
+    assert shown.returncode == 0 and "v1 90%, v2 10%" in shown.stdout, shown.stdout + shown.stderr
+    promoted = meshserve("canary", "--promote", "--log-dir", str(stack.log_dir))
+    assert promoted.returncode == 0 and "v1 0%, v2 100%" in promoted.stdout, promoted.stdout + promoted.stderr
+    assert {version(1717500000 + i) for i in range(3)} == {"2"}
+    back = meshserve("canary", "--rollback", "--log-dir", str(stack.log_dir))
+    assert back.returncode == 0 and "v1 100%, v2 0%" in back.stdout
+    assert {version(1717600000 + i) for i in range(3)} == {"1"}
+    bad = meshserve("canary", "--set", "v1=50,v3=50", "--log-dir", str(stack.log_dir))
+    assert bad.returncode == 1 and "unknown subsets" in bad.stderr
 
 
 def test_crashed_replica_is_restarted(stack: Stack) -> None:

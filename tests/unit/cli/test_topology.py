@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 
-from services.cli.topology import Topology, build_specs
+import pytest
+
+from services.cli.topology import Topology, build_specs, busy_ports, mesh_topology
 
 
 def test_default_ports_follow_the_documented_layout(tmp_path: Path) -> None:
@@ -41,3 +44,47 @@ def test_port_base_zero_picks_distinct_free_ports(tmp_path: Path) -> None:
     assert [s.name for s in specs] == ["model-v1-a", "model-v1-b", "model-v1-c", "feature", "cache", "gateway"]
     ports = [p for s in specs for p in (s.port, s.metrics_port)]
     assert len(set(ports)) == len(ports) and 12345 in ports
+
+
+def test_mesh_puts_envoy_between_the_gateway_and_its_upstreams(tmp_path: Path) -> None:
+    t = Topology.local(8000, models_dir=tmp_path, mesh=True)
+    assert (t.ingress_port, t.admin_port) == (8080, 9901)
+    assert t.listen_ports == {"gateway": 8100, "model": 8101, "feature": 8102, "cache": 8103}
+    with pytest.raises(ValueError, match="Envoy's command"):
+        build_specs(t, "redis://x:1")
+    specs = {s.name: s for s in build_specs(t, "redis://x:1", envoy_command=["envoy", "-c", "x.yaml"])}
+    assert specs["envoy"].argv == ["envoy", "-c", "x.yaml"]
+    assert specs["envoy"].health_url == "http://127.0.0.1:9901/ready"
+    assert "envoy" in specs["gateway"].depends_on and "gateway" not in specs["envoy"].depends_on
+    gw = specs["gateway"].env
+    assert gw["MESHSERVE_GATEWAY_MODEL_ADDRESS"] == "127.0.0.1:8101"
+    assert gw["MESHSERVE_GATEWAY_FEATURE_ADDRESS"] == "127.0.0.1:8102"
+    assert gw["MESHSERVE_GATEWAY_CACHE_ADDRESS"] == "127.0.0.1:8103"
+
+    mesh = mesh_topology(t)
+    assert mesh.ingress == "127.0.0.1:8080" and mesh.admin == "127.0.0.1:9901"
+    model = mesh.services["model"]
+    assert model.listen == "127.0.0.1:8101"
+    assert [(r.address, r.labels["version"]) for r in model.replicas] == [
+        ("127.0.0.1:8001", "v1"), ("127.0.0.1:8011", "v1"), ("127.0.0.1:8021", "v2")]  # fmt: skip
+    assert mesh.services["gateway"].replicas[0].address == "127.0.0.1:8000"
+
+
+def test_busy_ports_name_the_holder(tmp_path: Path) -> None:
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        t = Topology.local(0, gateway_port=port, models_dir=tmp_path, mesh=True)
+        specs = build_specs(t, "redis://x:1", envoy_command=["envoy"])
+        assert busy_ports(t, specs) == [f"gateway: port {port}"]
+
+
+def test_the_stack_mesh_renders_and_envoy_accepts_it(tmp_path: Path) -> None:
+    from services.cli.up import render_mesh
+    from services.mesh.envoy import validate
+
+    t = Topology.local(0, models_dir=tmp_path, mesh=True)
+    command = render_mesh(t, tmp_path / "mesh")
+    assert command[command.index("-c") + 1] == str(tmp_path / "mesh" / "envoy.yaml")
+    validate(tmp_path / "mesh" / "envoy.yaml")
