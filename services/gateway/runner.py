@@ -204,7 +204,8 @@ class PipelineRunner:
             raise ModelFailure("model_timeout", exc) from exc
         with tracer.start_as_current_span("model", attributes={"model.name": name, "model.version": version}):
             try:
-                response = await self.up.model.ModelInfer(request, timeout=timeout, metadata=headers)
+                metadata = (*headers, ("x-model-version", version)) if version else headers
+                response = await self.up.model.ModelInfer(request, timeout=timeout, metadata=metadata)
             except grpc.aio.AioRpcError as exc:
                 reason = MODEL_FAILURES.get(exc.code())
                 error = upstream_error(f"model {name!r}", exc)

@@ -13,7 +13,8 @@ from services.common.errors import DeadlineExceeded, MeshserveError, error_with_
 from services.gateway.settings import GatewaySettings
 from services.protos import feature_pb2_grpc, inference_pb2_grpc
 
-# Incoming headers passed on to every hop: canary routing, W3C trace context, request ids.
+# Incoming headers passed on to every hop: canary routing, W3C trace context, request ids. (A call for an
+# explicit model version also carries `x-model-version`, so the mesh can route it to the subset serving it.)
 PASSED_HEADERS = ("x-canary", "traceparent", "tracestate", "baggage", "x-request-id")
 
 
