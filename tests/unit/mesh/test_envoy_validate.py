@@ -76,3 +76,22 @@ def test_set_weights_errors(tmp_path: Path, service: str, weights: dict[str, int
 def test_attach_without_state(tmp_path: Path) -> None:
     with pytest.raises(MeshConfigError, match="no local mesh state"):
         LocalMesh.attach(tmp_path)
+
+
+def test_command_line_validate_and_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from services.mesh.__main__ import main
+
+    topo = tmp_path / "topology.yaml"
+    topo.write_text(topology().model_dump_json())
+    assert main(["validate", "--topology", str(topo), "--workdir", str(tmp_path / "w")]) == 0
+    bad = tmp_path / "istio" / "dr.yaml"
+    bad.parent.mkdir()
+    bad.write_text(
+        "apiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata: {name: model}\n"
+        "spec: {host: model, trafficPolicy: {outlierDetection: {consecutiveErrors: 5}}}\n"
+    )
+    assert main(["render", "--topology", str(topo), "--istio", str(bad.parent), "--workdir", str(tmp_path / "w")]) == 2
+    assert (
+        "dr.yaml: DestinationRule 'model': spec.trafficPolicy.outlierDetection.consecutiveErrors"
+        in capsys.readouterr().err
+    )

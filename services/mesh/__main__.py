@@ -1,0 +1,49 @@
+"""`python -m services.mesh`: render or validate the Envoy configuration of istio/ for a topology, or run it."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from services.mesh.errors import MeshConfigError
+from services.mesh.istio import NOT_APPLICABLE_LOCALLY
+from services.mesh.local import DEFAULT_WORKDIR, LocalMesh
+from services.mesh.topology import Topology
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m services.mesh", description=__doc__)
+    parser.add_argument("action", choices=["render", "validate", "run", "not-applicable"])
+    parser.add_argument("--topology", type=Path, help="topology YAML (services, replicas, listeners)")
+    parser.add_argument("--istio", type=Path, nargs="+", default=[Path("istio")], help="istio folders/files, in order")
+    parser.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR, help="where envoy.yaml and routes/ go")
+    args = parser.parse_args(argv)
+    if args.action == "not-applicable":
+        for field, why in NOT_APPLICABLE_LOCALLY.items():
+            print(f"{field}: {why}")
+        return 0
+    if args.topology is None:
+        parser.error("--topology is required")
+    try:
+        mesh = LocalMesh(Topology.load(args.topology), args.istio, args.workdir)
+        if args.action == "render":
+            print(mesh.render())
+        elif args.action == "validate":
+            mesh.validate()
+            print(f"{mesh.config_path}: valid")
+        else:
+            mesh.start()
+            print(f"envoy running; admin http://{mesh.topology.admin}; log {mesh.envoy.log_path}", flush=True)
+            try:
+                return mesh.envoy.wait()
+            except KeyboardInterrupt:
+                mesh.stop()
+    except MeshConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
