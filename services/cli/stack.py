@@ -76,10 +76,21 @@ async def grpc_health(address: str, rpc_timeout_s: float = 1.0) -> bool:
         return reply.status == health_pb2.HealthCheckResponse.SERVING
 
 
+def _libc_prctl() -> Callable[..., int] | None:
+    try:
+        return ctypes.CDLL(None).prctl  # resolved here, in the parent: the child only calls it
+    except (AttributeError, OSError):
+        return None
+
+
+_PRCTL = _libc_prctl()
+_PR_SET_PDEATHSIG = 1
+
+
 def _die_with_parent() -> None:
     """In the child before exec: SIGTERM when the supervisor dies, even by SIGKILL (Linux; no-op elsewhere)."""
-    with contextlib.suppress(Exception):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, int(signal.SIGTERM))
 
 
 def tail(path: Path, lines: int = 30) -> str:

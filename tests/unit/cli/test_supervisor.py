@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -130,3 +132,38 @@ async def test_stop_sends_sigterm_then_kills(tmp_path: Path) -> None:
     assert sup.procs["stubborn"].process.returncode == -9
     assert any("stubborn still running" in e and "killing" in e for e in events)
     assert not any("restarting" in e for e in events)
+
+
+def test_children_die_with_a_killed_supervisor(tmp_path: Path) -> None:
+    script = f"""
+import asyncio, sys
+from pathlib import Path
+from services.cli.stack import Supervisor
+from services.cli.topology import ProcessSpec
+
+async def main():
+    spec = ProcessSpec(name="c", argv=[sys.executable, "-c", "import time; time.sleep(60)"])
+    sup = Supervisor([spec], Path({str(tmp_path)!r}), notify=lambda m: None)
+    await sup.start(5)
+    print(sup.procs["c"].pid, flush=True)
+    await asyncio.sleep(60)
+
+asyncio.run(main())
+"""
+    supervisor = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        child_pid = int(supervisor.stdout.readline())
+    finally:
+        supervisor.kill()
+        supervisor.wait()
+    deadline = time.monotonic() + 5
+    while _alive(child_pid):
+        assert time.monotonic() < deadline, "the child outlived its SIGKILLed supervisor"
+        time.sleep(0.05)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except (OSError, IndexError):
+        return False
