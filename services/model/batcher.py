@@ -18,8 +18,10 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 
 import numpy as np
+from opentelemetry.context import Context
 
 from services.common.errors import DeadlineExceeded, Internal, ResourceExhausted, Unavailable
+from services.model import spans
 from services.model.backends.base import LoadedModel
 from services.model.config import DynamicBatching
 from services.model.stats import VersionStats
@@ -34,6 +36,7 @@ class _Request:
     future: asyncio.Future[Outputs]
     deadline: float | None  # time.monotonic() seconds
     enqueued_ns: int
+    trace_context: Context | None = None  # the caller's OTel context when tracing is on
 
 
 def _shape_key(inputs: dict[str, np.ndarray]) -> tuple[tuple[int, ...], ...]:
@@ -99,7 +102,7 @@ class DynamicBatcher(Scheduler):
                 "retry later or on another replica"
             )
         future: asyncio.Future[Outputs] = self._loop.create_future()
-        self._queue.append(_Request(inputs, rows, future, deadline, time.perf_counter_ns()))
+        self._queue.append(_Request(inputs, rows, future, deadline, time.perf_counter_ns(), spans.capture()))
         self._queued_rows += rows
         self._schedule()
         return future
@@ -193,6 +196,8 @@ class DynamicBatcher(Scheduler):
                 offset = end
             output_ns = time.perf_counter_ns() - t0
             self._stats.record_batch(rows, input_ns, infer_ns, output_ns, [started_ns - r.enqueued_ns for r in batch])
+            for req in batch:
+                spans.record(req.trace_context, req.enqueued_ns, started_ns, input_ns + infer_ns, rows, len(batch))
         self._schedule()
 
     # -- compute (worker thread) ----------------------------------------------------------------------
@@ -241,16 +246,21 @@ class DirectRunner(Scheduler):
             )
         self._pending += 1
         result: asyncio.Future[Outputs] = self._loop.create_future()
-        work = self._loop.run_in_executor(self._executor, self._run, inputs, deadline, time.perf_counter_ns())
-        work.add_done_callback(lambda f: self._done(f, result, rows))
+        enqueued = time.perf_counter_ns()
+        work = self._loop.run_in_executor(self._executor, self._run, inputs, deadline, enqueued)
+        ctx = spans.capture()
+        work.add_done_callback(lambda f: self._done(f, result, rows, enqueued, ctx))
         return result
 
-    def _done(self, work: asyncio.Future, result: asyncio.Future[Outputs], rows: int) -> None:
+    def _done(
+        self, work: asyncio.Future, result: asyncio.Future[Outputs], rows: int, enqueued: int, ctx: Context | None
+    ) -> None:
         self._pending -= 1
         exc = work.exception()
         if exc is None:
             outputs, queue_ns, infer_ns = work.result()
             self._stats.record_batch(rows, 0, infer_ns, 0, [queue_ns])
+            spans.record(ctx, enqueued, enqueued + queue_ns, infer_ns, rows, 1)
         if result.done():  # the caller went away
             return
         if exc is None:

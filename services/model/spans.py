@@ -1,0 +1,42 @@
+"""Per-request model spans, recorded after the fact: time waiting in the batch queue and the batch forward.
+
+A batch serves several requests (each with its own trace), so every request gets its own
+`model.queue_wait` and `model.forward` spans under its RPC's span, with the batch's size as an attribute.
+Nothing is captured when tracing is off.
+"""
+
+from __future__ import annotations
+
+import time
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.sdk.trace import TracerProvider
+
+_tracer: trace.Tracer | None = None
+
+
+def capture() -> Context | None:
+    """The caller's trace context when tracing is on (None costs nothing later)."""
+    global _tracer
+    provider = trace.get_tracer_provider()
+    if not isinstance(provider, TracerProvider):
+        return None
+    if _tracer is None:
+        _tracer = provider.get_tracer("meshserve.model")
+    return otel_context.get_current()
+
+
+def record(
+    ctx: Context | None, enqueued_ns: int, started_ns: int, forward_ns: int, batch_rows: int, batch_requests: int
+) -> None:
+    """Queue-wait and forward spans of one request (perf_counter_ns times, converted to epoch)."""
+    if ctx is None or _tracer is None:
+        return
+    to_epoch = time.time_ns() - time.perf_counter_ns()
+    attributes = {"batch.size": batch_rows, "batch.requests": batch_requests}
+    wait = _tracer.start_span("model.queue_wait", context=ctx, start_time=enqueued_ns + to_epoch)
+    wait.end(end_time=started_ns + to_epoch)
+    forward = _tracer.start_span("model.forward", context=ctx, start_time=started_ns + to_epoch, attributes=attributes)
+    forward.end(end_time=started_ns + forward_ns + to_epoch)
