@@ -24,7 +24,7 @@ PREFIX = "mesh"
 MODEL = "fraud_mlp"
 INFER = "/inference.GRPCInferenceService/ModelInfer"
 TARGET_ADDED_MS_P50 = 0.5
-DIRECT, ONE_HOP, TWO_HOPS = "direct", "1 Envoy hop", "2 Envoy hops"
+DIRECT, ONE_HOP, TWO_HOPS = "direct", "1 Envoy hop", "2 hops chained in 1 Envoy"
 
 
 def request_bytes() -> bytes:
@@ -38,7 +38,7 @@ def request_bytes() -> bytes:
 
 def topology(model_address: str) -> Topology:
     """`model` (the replica in both subsets, so the 90/10 split always lands) and `edge`, whose only replica is the
-    model listener: a call to `edge` crosses Envoy twice, like client -> ingress -> gateway -> model."""
+    model listener: a call to `edge` crosses Envoy twice (listener to listener, no process in between)."""
     model_listen, edge_listen = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
     return Topology(
         services={
@@ -120,12 +120,11 @@ def report(measured: dict[str, tuple[float, float]], command: str) -> list[dict[
     d50, d99 = measured[DIRECT]
     figures: list[dict[str, Any]] = []
     rows = []
-    for name, hops in ((DIRECT, 0), (ONE_HOP, 1), (TWO_HOPS, 2)):
+    for name, key, hops in ((DIRECT, "direct", 0), (ONE_HOP, "one_hop", 1), (TWO_HOPS, "two_hops_chained", 2)):
         p50, p99 = measured[name]
         added50 = (p50 - d50) / hops if hops else None
         added99 = (p99 - d99) / hops if hops else None
         rows.append([name, p50, p99, p50 / d50, p99 / d99, added50, added99])
-        key = name.replace(" ", "_").lower()
         versus = "" if not hops else f"direct to the model service (p50 {d50:.3f} ms, p99 {d99:.3f} ms)"
         figures += [
             results.figure(f"{PREFIX}.{key}.p50_ms", p50, "ms", versus, command),
@@ -136,10 +135,14 @@ def report(measured: dict[str, tuple[float, float]], command: str) -> list[dict[
                 results.figure(f"{PREFIX}.{key}.added_ms_per_hop_p50", added50, "ms", versus, command),
                 results.figure(f"{PREFIX}.{key}.added_ms_per_hop_p99", added99, "ms", versus, command),
                 results.figure(f"{PREFIX}.{key}.p50_ratio", p50 / d50, "ratio", versus, command),
+                results.figure(f"{PREFIX}.{key}.p99_ratio", p99 / d99, "ratio", versus, command),
             ]
     headers = ["path", "p50 ms", "p99 ms", "p50 / direct", "p99 / direct", "+ms/hop p50", "+ms/hop p99"]
     results.print_table(headers, rows, title="ModelInfer fraud_mlp batch 1, sequential, through the local mesh")
-    worst = max(r[5] for r in rows[1:])
+    # The target is judged on the single hop: client -> Envoy -> model, the path every mesh hop takes (in the local
+    # stack the gateway sits between the two hops). The chained row (listener to listener inside one Envoy, no process
+    # in between) is cheaper per hop and shown for comparison only.
+    worst = rows[1][5]
     verdict = "PASS" if worst <= TARGET_ADDED_MS_P50 else "FAIL"
     results.print_table(
         ["target", "measured", "target", "result"],

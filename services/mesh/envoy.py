@@ -47,8 +47,15 @@ class EnvoyProcess:
         self.log_path = log_path
         self.log_level = log_level
         self.concurrency = concurrency
-        self.binary = binary or envoy_binary()
+        self._binary = binary
         self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def binary(self) -> str:
+        """The Envoy binary, looked up when first needed (rendering or attaching needs no binary)."""
+        if self._binary is None:
+            self._binary = envoy_binary()
+        return self._binary
 
     @property
     def command(self) -> list[str]:
