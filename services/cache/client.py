@@ -70,10 +70,11 @@ class CacheClient:
         allow_stale: bool = False,
         budget_ms: float = 0.0,
         timeout_s: float | None = None,
+        metadata: Sequence[tuple[str, str]] = (),
     ) -> list[CachedValue | None]:
         request = pb.LookupRequest(keys=keys, pipeline=pipeline, allow_stale=allow_stale, budget_ms=budget_ms)
         try:
-            response = await self.stub.Lookup(request, timeout=timeout_s or self.timeout_s)
+            response = await self.stub.Lookup(request, timeout=timeout_s or self.timeout_s, metadata=tuple(metadata))
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
                 raise
@@ -92,12 +93,15 @@ class CacheClient:
         ttl_s: float,
         stale_ttl_s: float = 0.0,
         timeout_s: float | None = None,
+        metadata: Sequence[tuple[str, str]] = (),
     ) -> bool:
         """Store one entry; False when it was not written to Redis (or the cache did not answer)."""
         entry = pb.StoreEntry(key=key, value=value, pipeline=pipeline, model_name=model_name,
                               model_version=model_version, ttl_s=ttl_s, stale_ttl_s=stale_ttl_s)  # fmt: skip
         try:
-            response = await self.stub.Store(pb.StoreRequest(entries=[entry]), timeout=timeout_s or self.timeout_s * 4)
+            response = await self.stub.Store(
+                pb.StoreRequest(entries=[entry]), timeout=timeout_s or self.timeout_s * 4, metadata=tuple(metadata)
+            )
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
                 raise

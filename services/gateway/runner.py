@@ -23,7 +23,7 @@ from services.common.tensor_codec import NUMPY_DTYPES, encode_raw
 from services.gateway import metrics
 from services.gateway.inputs import feature_rows
 from services.gateway.pipeline import PipelineSpec
-from services.gateway.upstream import Deadline, Upstreams, upstream_error
+from services.gateway.upstream import Deadline, Upstreams, hop_headers, upstream_error
 from services.gateway.versions import ServingVersions
 from services.protos import feature_pb2 as fpb
 from services.protos import inference_pb2 as pb
@@ -131,7 +131,11 @@ class PipelineRunner:
         return [(v, request_key(self.spec.name, model.name, v, key_material)) for v in versions]
 
     async def _lookup(
-        self, keys: list[tuple[str, bytes]], deadline: Deadline, stages: dict[str, float]
+        self,
+        keys: list[tuple[str, bytes]],
+        deadline: Deadline,
+        stages: dict[str, float],
+        headers: Sequence[tuple[str, str]],
     ) -> tuple[CachedValue | None, CachedValue | None]:
         """(fresh hit, stale hit) for the serving versions, newest version first."""
         if not self.spec.cache.enabled or not keys:
@@ -174,7 +178,7 @@ class PipelineRunner:
         timeout = deadline.for_hop(self.spec.timeouts.features_ms, "computing features")
         request = fpb.ComputeRequest(feature_set=stage.feature_set, rows=feature_rows(self.spec, inputs, rows))
         with tracer.start_as_current_span("features", attributes={"feature.set": stage.feature_set, "rows": rows}):
-            response = await self.up.feature.Compute(request, timeout=timeout, metadata=headers)
+            response = await self.up.feature.Compute(request, timeout=timeout, metadata=hop_headers(headers))
         degraded = sum(1 for f in response.flags if f.degraded)
         return response.features, response.columns, degraded
 
@@ -204,7 +208,7 @@ class PipelineRunner:
             raise ModelFailure("model_timeout", exc) from exc
         with tracer.start_as_current_span("model", attributes={"model.name": name, "model.version": version}):
             try:
-                metadata = (*headers, ("x-model-version", version)) if version else headers
+                metadata = hop_headers((*headers, ("x-model-version", version)) if version else headers)
                 response = await self.up.model.ModelInfer(request, timeout=timeout, metadata=metadata)
             except grpc.aio.AioRpcError as exc:
                 reason = MODEL_FAILURES.get(exc.code())
@@ -247,7 +251,7 @@ class PipelineRunner:
         t0 = time.perf_counter()
         stages: dict[str, float] = {}
         keys = self._cache_keys(key_material)
-        fresh, stale = await self._lookup(keys, deadline, stages)
+        fresh, stale = await self._lookup(keys, deadline, stages, headers)
         if fresh is not None:
             return self._finish(Answer.from_cache(fresh, "hit"), stages, t0)
 
@@ -292,7 +296,7 @@ class PipelineRunner:
             answer.degraded_detail = f"{features_degraded} of {rows} rows used default aggregates"
         elif self.spec.cache.enabled:
             key = request_key(self.spec.name, model.name, version, key_material)
-            self._store_later(key, answer)
+            self._store_later(key, answer, headers)
         return self._finish(answer, stages, t0)
 
     def _degrade(
@@ -340,19 +344,21 @@ class PipelineRunner:
                 continue
         raise failure.error
 
-    def _store_later(self, key: bytes, answer: Answer) -> None:
+    def _store_later(self, key: bytes, answer: Answer, headers: Sequence[tuple[str, str]]) -> None:
         """Store the answer off the critical path (a task; the response does not wait for it)."""
         value = answer.to_cache_value(self.spec.model.name)
-        policy = self.spec.cache
         self._keep_near(key, value, answer.model_version, time.time())
-        task = asyncio.ensure_future(
-            self.up.cache.store(
-                key, value, pipeline=self.spec.name, model_name=self.spec.model.name,
-                model_version=answer.model_version, ttl_s=policy.ttl_s, stale_ttl_s=policy.stale_s,
-            )
-        )  # fmt: skip
+        task = asyncio.ensure_future(self._store(key, value, answer.model_version, headers))
         self._stores.add(task)
         task.add_done_callback(self._stores.discard)
+
+    async def _store(self, key: bytes, value: bytes, version: str, headers: Sequence[tuple[str, str]]) -> bool:
+        policy = self.spec.cache
+        with tracer.start_as_current_span("cache.store"):
+            return await self.up.cache.store(
+                key, value, pipeline=self.spec.name, model_name=self.spec.model.name, model_version=version,
+                ttl_s=policy.ttl_s, stale_ttl_s=policy.stale_s, metadata=hop_headers(headers),
+            )  # fmt: skip
 
     def _finish(self, answer: Answer, stages: dict[str, float], t0: float) -> Answer:
         answer.stages_ms = stages

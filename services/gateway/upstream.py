@@ -59,6 +59,13 @@ def outgoing_headers(incoming: Sequence[tuple[str, str | bytes]] | None) -> tupl
     return tuple(carrier.items())
 
 
+def hop_headers(headers: Sequence[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
+    """`headers` with the trace context of the current span (the hop's own span), so the callee is its child."""
+    carrier = dict(headers)
+    propagate.inject(carrier)
+    return tuple(carrier.items())
+
+
 class Deadline:
     """What is left of the caller's deadline (and the pipeline's total), handed to each hop."""
 
