@@ -144,9 +144,10 @@ def envoy_routes(vs: VirtualService, known: set[str], weights: Weights) -> list[
     for i, route in enumerate(vs.spec.http):
         where = f"spec.http[{i}]"
         action = route_action(vs, route, where, known, weights)
+        match_names = [m.name for m in route.match] or [None]
         for k, match in enumerate(route_matches(route)):
             entry: dict[str, Any] = {
-                "name": f"{vs.metadata.name}.{route.name or i}.{k}",
+                "name": f"{vs.metadata.name}.{route.name or i}.{match_names[k] or k}",  # Envoy route name in stats/logs
                 "match": match,
                 "route": action,
             }

@@ -82,7 +82,7 @@ def test_uri_and_regex_matches(write_yaml) -> None:
     http = [
         {
             "match": [
-                {"uri": {"prefix": "/inference."}, "headers": {"x-tenant": {"regex": "a.*"}}},
+                {"name": "tenant", "uri": {"prefix": "/inference."}, "headers": {"x-tenant": {"regex": "a.*"}}},
                 {"uri": {"exact": "/x"}},
             ],
             "route": [{"destination": {"host": "model"}}],
@@ -94,6 +94,7 @@ def test_uri_and_regex_matches(write_yaml) -> None:
         "headers": [{"name": "x-tenant", "string_match": {"safe_regex": {"regex": "a.*"}}}],
     }
     assert second["match"] == {"path": "/x"}
+    assert (first["name"], second["name"]) == ("model.0.tenant", "model.0.1")  # HTTPRoute / match names
 
 
 def test_unknown_subset_is_an_error(write_yaml) -> None:
