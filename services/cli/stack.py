@@ -177,7 +177,10 @@ class Supervisor:
         for level in self.levels():
             for name in level:
                 m = self.procs[name]
-                await self._spawn(m)
+                try:
+                    await self._spawn(m)
+                except OSError as e:
+                    raise StackError(f"{name}: cannot start {m.spec.argv[0]}: {e}") from None
                 m.watcher = asyncio.create_task(self._watch(m), name=f"watch-{name}")
             await asyncio.gather(*(self.wait_healthy(self.procs[n], timeout_s) for n in level))
 
@@ -220,8 +223,7 @@ class Supervisor:
     async def _watch(self, m: Managed) -> None:
         """Wait for the process to exit; unless stopping, restart it after the backoff delay."""
         while True:
-            assert m.process is not None
-            code = await m.process.wait()
+            code: int | str = await m.process.wait() if m.process is not None else "none (it did not start)"
             if self.stopping:
                 m.state = "stopped"
                 return
@@ -240,8 +242,13 @@ class Supervisor:
             if self.stopping:
                 m.state = "stopped"
                 return
-            await self._spawn(m)
             m.restarts += 1
+            try:
+                await self._spawn(m)
+            except OSError as e:  # e.g. the binary vanished: counts as a crash, retried after the next delay
+                self.notify(f"{m.spec.name} could not start: {e}")
+                m.process = None
+                continue
             if m.spec.port is not None or m.spec.health_url is not None:
                 task = asyncio.create_task(self._announce_recovery(m))
                 self._tasks.add(task)

@@ -167,3 +167,43 @@ def _alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
     except (OSError, IndexError):
         return False
+
+
+async def test_a_missing_binary_is_a_stack_error(tmp_path: Path) -> None:
+    sup = Supervisor([ProcessSpec(name="ghost", argv=[str(tmp_path / "no-such-binary")])], tmp_path)
+    try:
+        with pytest.raises(StackError, match="ghost: cannot start"):
+            await sup.start(timeout_s=1)
+    finally:
+        await sup.stop()
+
+
+async def test_a_restart_that_cannot_spawn_is_retried(tmp_path: Path) -> None:
+    events: list[str] = []
+    binary = tmp_path / "tool"
+    binary.write_text(f"#!{sys.executable}\nimport time; time.sleep(0.3)\n")
+    binary.chmod(0o755)
+    policy = BackoffPolicy(initial_s=0.3, factor=1, max_s=0.3)
+
+    async def health(spec: ProcessSpec) -> bool:
+        return True
+
+    sup = Supervisor([ProcessSpec(name="tool", argv=[str(binary)])], tmp_path, policy, events.append, health)
+    try:
+        await sup.start(timeout_s=5)
+        binary.unlink()  # the next restart fails to exec
+        for _ in range(100):
+            if any("could not start" in e for e in events):
+                break
+            await asyncio.sleep(0.05)
+        assert any("could not start" in e for e in events), events
+        binary.write_text(f"#!{sys.executable}\nimport time; time.sleep(30)\n")
+        binary.chmod(0o755)
+        for _ in range(100):
+            if sup.procs["tool"].running:
+                break
+            await asyncio.sleep(0.05)
+        assert sup.procs["tool"].running, events
+        assert any("exited with code none (it did not start)" in e for e in events)
+    finally:
+        await sup.stop()
