@@ -93,6 +93,10 @@ def _die_with_parent() -> None:
         _PRCTL(_PR_SET_PDEATHSIG, int(signal.SIGTERM))
 
 
+def _healthy_word(spec: ProcessSpec) -> str:
+    return "ready" if spec.health_url is not None else "SERVING"
+
+
 def tail(path: Path, lines: int = 30) -> str:
     """The last `lines` lines of a log since its last start header."""
     try:
@@ -190,7 +194,8 @@ class Supervisor:
         while not self.stopping:
             if m.running and await self.health(m.spec):
                 m.state = "serving"
-                self.notify(f"{m.spec.name} is SERVING" + (f" on {m.spec.address}" if m.spec.address else ""))
+                where = f" on {m.spec.address}" if m.spec.address else ""
+                self.notify(f"{m.spec.name} is {_healthy_word(m.spec)}{where}")
                 return
             if time.monotonic() > deadline:
                 raise StackError(
@@ -259,7 +264,7 @@ class Supervisor:
         while not self.stopping and m.process is process and m.running:
             if await self.health(m.spec):
                 m.state = "serving"
-                self.notify(f"{m.spec.name} is SERVING again (pid {m.pid})")
+                self.notify(f"{m.spec.name} is {_healthy_word(m.spec)} again (pid {m.pid})")
                 return
             await asyncio.sleep(0.5)
 
