@@ -278,7 +278,7 @@ def build_specs(topology: Topology, redis_url: str, envoy_command: list[str] | N
         gateway_env["MESHSERVE_GATEWAY_PIPELINES_DIR"] = str(t.pipelines_dir)
     gateway = service_spec("gateway", "gateway", t.host, t.gateway_port, t.gateway_metrics_port, t.grace_period_s,
                            gateway_env)  # fmt: skip
-    gateway.role = "ingress (v2 protocol, pipelines)"
+    gateway.role = "pipelines as v2 models (cache, features, model)"
     gateway.depends_on = [s.name for s in specs]
     specs.append(gateway)
     return specs

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import signal
 from collections.abc import Coroutine
 from pathlib import Path
@@ -20,11 +21,16 @@ STATE_FILE = "stack.json"
 MESH_DIR = "mesh"  # under the log dir: Envoy's rendered config (LocalMesh.attach(log_dir / MESH_DIR))
 
 
+def redact(url: str) -> str:
+    """The URL without its password (redis://user:secret@host -> redis://user:***@host)."""
+    return re.sub(r"//([^:@/]*):[^@/]*@", r"//\1:***@", url)
+
+
 def ports_table(specs: list[ProcessSpec], redis_url: str, title: str = "meshserve local stack") -> Table:
     table = Table(title=title)
     for column in ("service", "role", "gRPC", "metrics", "depends on"):
         table.add_column(column)
-    table.add_row("valkey", "Redis for feature + cache", redis_url, "", "")
+    table.add_row("valkey", "Redis for feature + cache", redact(redis_url), "", "")
     for s in specs:
         metrics = f":{s.metrics_port}/metrics" if s.metrics_port else ""
         deps = ", ".join(s.depends_on) if len(s.depends_on) <= 2 else f"{len(s.depends_on)} services"
@@ -38,7 +44,7 @@ def write_state(path: Path, topology: Topology, specs: list[ProcessSpec], redis_
         {"name": s.name, "address": s.address, "health_url": s.health_url, "pid": sup.procs[s.name].pid} for s in specs
     ]
     state = {
-        "redis_url": redis_url,
+        "redis_url": redact(redis_url),
         "gateway": topology.address(topology.gateway_port),
         "ingress": topology.address(topology.ingress_port) if topology.mesh else None,
         "mesh_dir": str(path.parent / MESH_DIR) if topology.mesh else None,

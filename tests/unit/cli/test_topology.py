@@ -88,3 +88,11 @@ def test_the_stack_mesh_renders_and_envoy_accepts_it(tmp_path: Path) -> None:
     command = render_mesh(t, tmp_path / "mesh")
     assert command[command.index("-c") + 1] == str(tmp_path / "mesh" / "envoy.yaml")
     validate(tmp_path / "mesh" / "envoy.yaml")
+
+
+def test_redis_passwords_are_not_printed() -> None:
+    from services.cli.up import redact
+
+    assert redact("redis://user:secret@h:6379/0") == "redis://user:***@h:6379/0"
+    assert redact("rediss://:pw@h:1") == "rediss://:***@h:1"
+    assert redact("redis://127.0.0.1:16381") == "redis://127.0.0.1:16381"
