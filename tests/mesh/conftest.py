@@ -37,8 +37,12 @@ def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, lis
         for _, v in plan
     ]
     try:
-        with ThreadPoolExecutor(len(managers)) as pool:
-            started = list(pool.map(lambda cm: cm.__enter__(), managers))
+        with ThreadPoolExecutor(len(managers)) as pool:  # start in parallel: ~3 s instead of ~8 s
+            futures = [pool.submit(cm.__enter__) for cm in managers]
+        failures = [f.exception() for f in futures if f.exception() is not None]
+        if failures:  # every failure, not only the first (a replica may also be stopped from outside)
+            raise RuntimeError("model replicas failed to start:\n" + "\n".join(map(str, failures)))
+        started = [f.result() for f in futures]
         out: dict[str, list[ServiceProcess]] = {}
         for (subset, _), process in zip(plan, started, strict=True):
             out.setdefault(subset, []).append(process)
@@ -61,15 +65,21 @@ def make_mesh(tmp_path: Path) -> Iterator[MeshFactory]:
         istio: list[Path] | None = None,
         health_check: HealthCheck | None = FAST_HEALTH,
         otlp: str | None = None,
+        gateway: str | None = None,
     ) -> LocalMesh:
+        """`gateway`: a gateway replica address; it also opens the ingress listener (bound to the Istio Gateway)."""
+        services = {
+            "model": ServiceTopology(
+                listen=f"127.0.0.1:{free_port()}",
+                replicas=[Replica(address=a, labels={"version": v}) for a, v in model_replicas],
+            )
+        }
+        if gateway is not None:
+            listen = f"127.0.0.1:{free_port()}"
+            services["gateway"] = ServiceTopology(listen=listen, replicas=[Replica(address=gateway)])
         topology = Topology(
-            services={
-                "model": ServiceTopology(
-                    listen=f"127.0.0.1:{free_port()}",
-                    replicas=[Replica(address=a, labels={"version": v}) for a, v in model_replicas],
-                )
-            },
-            ingress=None,
+            services=services,
+            ingress=f"127.0.0.1:{free_port()}" if gateway else None,
             admin=f"127.0.0.1:{free_port()}",
             otlp=otlp,
             health_check=health_check,
