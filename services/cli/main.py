@@ -24,7 +24,7 @@ PORT_BASE_HELP = (
     "gRPC ports from here (gateway +0, model v1 +1/+11, feature +2, cache +3, canary +21; metrics +1000); "
     "0 picks free ports."
 )
-Address = Annotated[str, typer.Option("--address", "-a", help="Gateway host:port.")]
+Address = Annotated[str, typer.Option("--address", "-a", help="Gateway host:port (the Envoy ingress is :8080).")]
 
 
 @app.command()
