@@ -1,4 +1,4 @@
-"""Canary routing through the real Envoy: the 90/10 split, the x-canary header, weights moved under load."""
+"""Canary routing through the real Envoy: the 90/10 split, x-canary and x-model-version headers, live weights."""
 
 from __future__ import annotations
 
@@ -18,10 +18,12 @@ def test_split_follows_weights_and_header_pins_canary(
     with client_of(mesh.address("model")) as client:
         counts = Counter(infer(client) for _ in range(2000))
         canary = Counter(infer(client, {"x-canary": "true"}) for _ in range(100))
+        pinned = {v: Counter(infer(client, {"x-model-version": v}) for _ in range(40)) for v in ("1", "2")}
     assert set(counts) <= {"1", "2"}
     share_v2 = 100 * counts["2"] / 2000
     assert abs(share_v2 - 10) <= 3, counts
     assert canary == Counter({"2": 100})
+    assert pinned == {"1": Counter({"1": 40}), "2": Counter({"2": 40})}  # an explicit version reaches its subset
 
 
 def test_weights_change_under_load_without_failures(

@@ -36,7 +36,7 @@ def test_envoy_process_command_line(tmp_path: Path) -> None:
 
 def route_weights(workdir: Path) -> list[int]:
     doc = yaml.safe_load((workdir / "routes" / "outbound_model.yaml").read_text())
-    split = doc["resources"][0]["virtual_hosts"][0]["routes"][1]
+    split = doc["resources"][0]["virtual_hosts"][0]["routes"][-1]
     return [c["weight"] for c in split["route"]["weighted_clusters"]["clusters"]]
 
 

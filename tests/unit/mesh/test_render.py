@@ -30,7 +30,10 @@ def cluster(paths: list[Path], name: str, **topo: Any) -> dict:
 
 
 def test_header_match_then_weighted_split() -> None:
-    header, split = routes_of([ISTIO])
+    version1, version2, header, split = routes_of([ISTIO])
+    assert version1["match"]["headers"] == [{"name": "x-model-version", "string_match": {"exact": "1"}}]
+    assert version1["route"]["cluster"] == "outbound|grpc|v1|model"
+    assert version2["route"]["cluster"] == "outbound|grpc|v2|model"
     assert header["match"] == {"prefix": "/", "headers": [{"name": "x-canary", "string_match": {"exact": "true"}}]}
     assert header["route"]["cluster"] == "outbound|grpc|v2|model"
     assert split["match"] == {"prefix": "/"}
@@ -40,7 +43,7 @@ def test_header_match_then_weighted_split() -> None:
 
 
 def test_retries_timeouts_and_previous_hosts() -> None:
-    route = routes_of([ISTIO])[1]["route"]
+    route = routes_of([ISTIO])[-1]["route"]
     assert route["timeout"] == "5s"
     assert route["max_stream_duration"] == {"grpc_timeout_header_max": "5s"}
     retry = route["retry_policy"]
@@ -105,7 +108,7 @@ def test_unknown_subset_is_an_error(write_yaml) -> None:
 
 def test_weight_overrides_apply_to_split_routes_only() -> None:
     r = render(load_istio([ISTIO]), topology(), Path("/tmp/r"), {"model": {"v1": 25, "v2": 75}})
-    header, split = r.routes["outbound_model"]["virtual_hosts"][0]["routes"]
+    *_, header, split = r.routes["outbound_model"]["virtual_hosts"][0]["routes"]
     assert [c["weight"] for c in split["route"]["weighted_clusters"]["clusters"]] == [25, 75]
     assert header["route"]["cluster"] == "outbound|grpc|v2|model"
 
