@@ -1,0 +1,277 @@
+"""Latency analysis over span records (pure, no I/O): trace trees, self time per stage, critical path, hotspot.
+
+Definitions (times in nanoseconds; a trace's spans may come from clocks of different processes):
+
+* A trace's **end-to-end time** is from its earliest span start to its latest span end.
+* A span's **self time** is its duration minus the union of its children's intervals, each clipped to the span
+  (overlapping children count once; children outside the span do not count).
+* A **stage** (see `services.traces.stages`) takes, per trace, the sum of the self times of its spans there.
+* A stage's **share** is the sum of its self time over the traces considered divided by the sum of their
+  end-to-end times; its **share of p99** is the same over only the **p99-slowest traces**: those whose
+  end-to-end time is at or above the p99 (nearest rank) of the traces considered, so at least the slowest one.
+* The **hotspot** is the stage with the largest share of p99 (ties: alphabetical); it is printed as
+  `hotspot: feature.online_lookup (71% of p99)`.
+* The **critical path** of a trace walks back from the end of the root: at each span the child that ended last
+  (before the cursor) is on the path, the cursor moves to that child's start, and so on; the gaps are the
+  span's own time. Each span on the path gets the time it was the critical one.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from services.traces.records import STATUS_ERROR, SpanRecord
+from services.traces.stages import stage_name
+
+
+@dataclass(eq=False)
+class Node:
+    """A span in its trace tree, with its stage and self time."""
+
+    span: SpanRecord
+    stage: str
+    children: list[Node] = field(default_factory=list)
+    self_ns: int = 0
+    orphan: bool = False  # has a parent id whose span is not (yet) in the trace
+
+
+@dataclass(eq=False)
+class Trace:
+    """One assembled trace: its root nodes (spans without a parent here), ordered by start."""
+
+    trace_id: str
+    roots: list[Node]
+    nodes: list[Node]
+
+    @property
+    def start_ns(self) -> int:
+        return min(n.span.start_ns for n in self.nodes)
+
+    @property
+    def end_ns(self) -> int:
+        return max(n.span.end_ns for n in self.nodes)
+
+    @property
+    def duration_ns(self) -> int:
+        return max(0, self.end_ns - self.start_ns)
+
+    @property
+    def root(self) -> Node:
+        """The first true root (no parent id) or, if none has arrived, the earliest orphan."""
+        true_roots = [r for r in self.roots if not r.orphan]
+        return (true_roots or self.roots)[0]
+
+    @property
+    def complete(self) -> bool:
+        """One root and no span whose parent is missing."""
+        return len(self.roots) == 1 and not self.roots[0].orphan
+
+    @property
+    def error(self) -> bool:
+        return any(n.span.status == STATUS_ERROR for n in self.nodes)
+
+    def walk(self) -> Iterable[tuple[Node, int]]:
+        """(node, depth) depth-first, children by start time."""
+        stack = [(r, 0) for r in reversed(self.roots)]
+        while stack:
+            node, depth = stack.pop()
+            yield node, depth
+            stack.extend((c, depth + 1) for c in reversed(node.children))
+
+    def stage_self_ns(self) -> dict[str, int]:
+        """Self time per stage in this trace."""
+        out: dict[str, int] = defaultdict(int)
+        for node in self.nodes:
+            out[node.stage] += node.self_ns
+        return dict(out)
+
+
+def union_ns(intervals: Iterable[tuple[int, int]], lo: int, hi: int) -> int:
+    """Total length of the union of `intervals`, each clipped to [lo, hi]."""
+    clipped = sorted((max(a, lo), min(b, hi)) for a, b in intervals)
+    total, cur_a, cur_b = 0, None, None
+    for a, b in clipped:
+        if b <= a:
+            continue
+        if cur_b is None or a > cur_b:
+            if cur_b is not None and cur_a is not None:
+                total += cur_b - cur_a
+            cur_a, cur_b = a, b
+        else:
+            cur_b = max(cur_b, b)
+    if cur_b is not None and cur_a is not None:
+        total += cur_b - cur_a
+    return total
+
+
+def self_time_ns(span: SpanRecord, children: Sequence[SpanRecord]) -> int:
+    """The span's duration minus the union of its children's intervals clipped to it."""
+    covered = union_ns(((c.start_ns, c.end_ns) for c in children), span.start_ns, span.end_ns)
+    return max(0, span.duration_ns - covered)
+
+
+def assemble(spans: Iterable[SpanRecord]) -> list[Trace]:
+    """Trace trees from spans in any order (duplicates ignored, missing parents make extra roots), by start."""
+    by_trace: dict[str, dict[str, Node]] = defaultdict(dict)
+    for span in spans:
+        if not span.trace_id:
+            continue
+        by_trace[span.trace_id].setdefault(
+            span.span_id, Node(span, stage_name(span.service, span.name, span.kind, span.attributes))
+        )
+    traces: list[Trace] = []
+    for trace_id, nodes in by_trace.items():
+        roots: list[Node] = []
+        for node in nodes.values():
+            parent_id = node.span.parent_span_id
+            parent = nodes.get(parent_id) if parent_id and parent_id != node.span.span_id else None
+            if parent is None:
+                node.orphan = bool(parent_id)
+                roots.append(node)
+            else:
+                parent.children.append(node)
+        ordered = list(nodes.values())
+        for node in ordered:
+            node.children.sort(key=lambda n: (n.span.start_ns, n.span.span_id))
+            node.self_ns = self_time_ns(node.span, [c.span for c in node.children])
+        roots.sort(key=lambda n: (n.orphan, n.span.start_ns, n.span.span_id))
+        traces.append(Trace(trace_id, roots, ordered))
+    traces.sort(key=lambda t: (t.start_ns, t.trace_id))
+    return traces
+
+
+def select(traces: Sequence[Trace], last: int | None = None, since_ns: int | None = None) -> list[Trace]:
+    """The traces started at or after `since_ns`, then the `last` most recent of them (by start)."""
+    chosen = [t for t in traces if since_ns is None or t.start_ns >= since_ns]
+    chosen.sort(key=lambda t: (t.start_ns, t.trace_id))
+    if last is not None:
+        chosen = chosen[-last:] if last > 0 else []
+    return chosen
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100) of non-empty `values`."""
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[min(rank, len(ordered)) - 1]
+
+
+@dataclass(frozen=True)
+class PathStep:
+    """A span on the critical path and the time it was the critical one."""
+
+    stage: str
+    span_id: str
+    depth: int
+    critical_ns: int
+
+
+def critical_path(trace: Trace) -> list[PathStep]:
+    """The critical path from the trace's root, in nesting order (see the module docstring)."""
+    totals: dict[str, int] = defaultdict(int)
+    order: list[tuple[Node, int]] = []
+
+    def visit(node: Node, end: int, depth: int) -> None:
+        order.append((node, depth))
+        lo = node.span.start_ns
+        cursor = min(node.span.end_ns, end)
+        children = sorted(node.children, key=lambda c: min(c.span.end_ns, cursor), reverse=True)
+        for child in children:
+            c_end = min(child.span.end_ns, cursor)
+            c_start = max(child.span.start_ns, lo)
+            if c_end <= c_start or c_start >= cursor:
+                continue
+            totals[node.span.span_id] += cursor - c_end
+            visit(child, c_end, depth + 1)
+            cursor = c_start
+            if cursor <= lo:
+                break
+        totals[node.span.span_id] += max(0, cursor - lo)
+
+    root = trace.root
+    visit(root, root.span.end_ns, 0)
+    steps = [PathStep(n.stage, n.span.span_id, d, totals[n.span.span_id]) for n, d in order]
+    # Nesting order: a parent before its children, children on the path by start time.
+    position = {node.span.span_id: i for i, (node, _) in enumerate(trace.walk())}
+    return sorted(steps, key=lambda s: position.get(s.span_id, -1))
+
+
+@dataclass(frozen=True)
+class StageStats:
+    """One stage over the traces considered (self times per trace in which it occurs)."""
+
+    stage: str
+    traces: int
+    self_p50_ns: float
+    self_p99_ns: float
+    share: float
+    p99_share: float
+
+
+@dataclass(frozen=True)
+class Breakdown:
+    """The latency breakdown of a set of traces."""
+
+    traces: list[Trace]
+    e2e_p50_ns: float
+    e2e_p99_ns: float
+    p99_traces: list[Trace]
+    stages: list[StageStats]
+    slowest: list[tuple[Trace, list[PathStep]]]
+
+    @property
+    def hotspot(self) -> StageStats | None:
+        return self.stages[0] if self.stages else None
+
+
+def breakdown(traces: Sequence[Trace], slowest: int = 3) -> Breakdown:
+    """Stage statistics, the p99-slowest traces' shares, and the critical paths of the `slowest` traces."""
+    traces = list(traces)
+    if not traces:
+        return Breakdown([], 0.0, 0.0, [], [], [])
+    durations = [t.duration_ns for t in traces]
+    p99 = percentile(durations, 99)
+    p99_traces = [t for t in traces if t.duration_ns >= p99]
+    per_trace = [t.stage_self_ns() for t in traces]
+    p99_ids = {id(t) for t in p99_traces}
+    total_e2e = sum(durations) or 1
+    total_p99 = sum(t.duration_ns for t in p99_traces) or 1
+    by_stage: dict[str, list[int]] = defaultdict(list)
+    p99_sum: dict[str, int] = defaultdict(int)
+    for trace, selfs in zip(traces, per_trace, strict=True):
+        for stage, ns in selfs.items():
+            by_stage[stage].append(ns)
+            if id(trace) in p99_ids:
+                p99_sum[stage] += ns
+    stats = [
+        StageStats(
+            stage,
+            len(values),
+            percentile(values, 50),
+            percentile(values, 99),
+            sum(values) / total_e2e,
+            p99_sum.get(stage, 0) / total_p99,
+        )
+        for stage, values in by_stage.items()
+    ]
+    stats.sort(key=lambda s: (-s.p99_share, -s.share, s.stage))
+    worst = sorted(traces, key=lambda t: (-t.duration_ns, t.trace_id))[: max(0, slowest)]
+    return Breakdown(
+        traces,
+        percentile(durations, 50),
+        p99,
+        p99_traces,
+        stats,
+        [(t, critical_path(t)) for t in worst],
+    )
+
+
+def hotspot_line(result: Breakdown) -> str:
+    """`hotspot: <stage> (<share>% of p99)`, or `hotspot: none (no traces)`."""
+    top = result.hotspot
+    if top is None:
+        return "hotspot: none (no traces)"
+    return f"hotspot: {top.stage} ({round(top.p99_share * 100)}% of p99)"

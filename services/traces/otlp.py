@@ -1,0 +1,59 @@
+"""Conversion of an OTLP ExportTraceServiceRequest into span records (spans without a trace id are dropped)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+from opentelemetry.proto.common.v1 import common_pb2
+
+from services.traces.records import SpanRecord
+
+
+def any_value(value: common_pb2.AnyValue) -> Any:
+    """The Python value of an OTLP AnyValue (arrays and maps recursively, bytes as hex)."""
+    which = value.WhichOneof("value")
+    if which is None:
+        return None
+    if which == "array_value":
+        return [any_value(v) for v in value.array_value.values]
+    if which == "kvlist_value":
+        return {kv.key: any_value(kv.value) for kv in value.kvlist_value.values}
+    if which == "bytes_value":
+        return value.bytes_value.hex()
+    return getattr(value, which)
+
+
+def span_count(request: trace_service_pb2.ExportTraceServiceRequest) -> int:
+    """How many spans the request carries (cheap: no conversion)."""
+    return sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans)
+
+
+def records_from_request(request: trace_service_pb2.ExportTraceServiceRequest) -> list[SpanRecord]:
+    """Every span with a non-zero trace id, its service.name taken from the resource attributes."""
+    records: list[SpanRecord] = []
+    for resource_spans in request.resource_spans:
+        service = ""
+        for kv in resource_spans.resource.attributes:
+            if kv.key == "service.name":
+                service = str(any_value(kv.value) or "")
+                break
+        for scope_spans in resource_spans.scope_spans:
+            for span in scope_spans.spans:
+                if not span.trace_id.strip(b"\0") or not span.span_id:
+                    continue
+                records.append(
+                    SpanRecord(
+                        trace_id=span.trace_id.hex(),
+                        span_id=span.span_id.hex(),
+                        parent_span_id=span.parent_span_id.hex() if span.parent_span_id.strip(b"\0") else "",
+                        service=service,
+                        name=span.name,
+                        kind=int(span.kind),
+                        start_ns=int(span.start_time_unix_nano),
+                        end_ns=int(span.end_time_unix_nano),
+                        status=int(span.status.code),
+                        attributes={kv.key: any_value(kv.value) for kv in span.attributes},
+                    )
+                )
+    return records

@@ -1,0 +1,30 @@
+"""The span record kept per span (one row in the store), with the OTLP kind and status codes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+KIND_UNSPECIFIED, KIND_INTERNAL, KIND_SERVER, KIND_CLIENT, KIND_PRODUCER, KIND_CONSUMER = range(6)
+KIND_NAMES = {0: "unspecified", 1: "internal", 2: "server", 3: "client", 4: "producer", 5: "consumer"}
+STATUS_UNSET, STATUS_OK, STATUS_ERROR = 0, 1, 2
+
+
+@dataclass(frozen=True, slots=True)
+class SpanRecord:
+    """One finished span: ids as lowercase hex ("" for no parent), times in Unix nanoseconds."""
+
+    trace_id: str
+    span_id: str
+    parent_span_id: str
+    service: str
+    name: str
+    kind: int
+    start_ns: int
+    end_ns: int
+    status: int = STATUS_UNSET
+    attributes: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def duration_ns(self) -> int:
+        return max(0, self.end_ns - self.start_ns)
