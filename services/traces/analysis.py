@@ -9,11 +9,14 @@ Definitions (times in nanoseconds; a trace's spans may come from clocks of diffe
 * A stage's **share** is the sum of its self time over the traces considered divided by the sum of their
   end-to-end times; its **share of p99** is the same over only the **p99-slowest traces**: those whose
   end-to-end time is at or above the p99 (nearest rank) of the traces considered, so at least the slowest one.
-* The **hotspot** is the stage with the largest share of p99 (ties: alphabetical); it is printed as
-  `hotspot: feature.online_lookup (71% of p99)`.
+  When no spans of a trace overlap their siblings the shares add up to 100%; concurrent children (each
+  counted in full in its own subtree) can make the sum exceed it.
+* The **hotspot** is the stage with the largest share of p99 (ties: larger overall share, then alphabetical);
+  it is printed as `hotspot: feature.online_lookup (71% of p99)`, the percentage rounded to an integer.
 * The **critical path** of a trace walks back from the end of the root: at each span the child that ended last
   (before the cursor) is on the path, the cursor moves to that child's start, and so on; the gaps are the
-  span's own time. Each span on the path gets the time it was the critical one.
+  span's own time. Each span on the path gets the time it was the critical one (the times add up to the root's
+  duration). Spans whose parent is missing are not on it.
 """
 
 from __future__ import annotations

@@ -100,3 +100,17 @@ def test_import_is_inert() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_html_is_well_formed(db: Path, tmp_path: Path) -> None:
+    import xml.etree.ElementTree as ET
+
+    page = tmp_path / "hot.html"
+    assert runner.invoke(app, ["hotspots", "--db", str(db), "--html", str(page)]).exit_code == 0
+    html = page.read_text()
+    svgs = [html[a : html.index("</svg>", a) + 6] for a in range(len(html)) if html.startswith("<svg", a)]
+    assert len(svgs) == 2  # stage chart and the slowest trace's waterfall
+    chart, waterfall = (ET.fromstring(svg) for svg in svgs)
+    ns = "{http://www.w3.org/2000/svg}"
+    assert len(chart.findall(f"{ns}rect")) == 13  # one bar per stage
+    assert len(waterfall.findall(f"{ns}rect")) == 13  # one bar per span

@@ -6,6 +6,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import pytest
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.resource.v1 import resource_pb2
@@ -109,3 +110,16 @@ def test_export_servicer(tmp_path: Path) -> None:
     writer.close()
     with TraceStore(tmp_path / "t.sqlite") as store:
         assert store.span_total() == 1
+
+
+def test_settings_from_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from services.traces.settings import TracesSettings
+
+    defaults = TracesSettings()
+    assert (defaults.port, str(defaults.db), defaults.metrics_port) == (4317, ".logs/traces.sqlite", 0)
+    monkeypatch.setenv("MESHSERVE_TRACES_PORT", "14317")
+    monkeypatch.setenv("MESHSERVE_TRACES_DB", str(tmp_path / "x.sqlite"))
+    monkeypatch.setenv("MESHSERVE_TRACES_MAX_SPANS", "1000")
+    monkeypatch.setenv("MESHSERVE_TRACES_MAX_AGE_S", "0")
+    s = TracesSettings()
+    assert (s.port, s.db, s.max_spans, s.max_age_s) == (14317, tmp_path / "x.sqlite", 1000, 0)
