@@ -60,10 +60,11 @@ class TraceRow:
 class TraceStore:
     """One connection to the store (use one per thread); creates the file and schema on open.
 
-    Bounds, checked after every insert: at most `max_spans` spans (on overflow the traces that started first
-    are deleted, whole, down to 90% of the bound) and, when `max_age_s` > 0, no trace nothing arrived for in
-    `max_age_s`. The count is this connection's running estimate, read back from the file on overflow and at
-    least every second, so several writers on one file keep it bounded too.
+    Bounds, enforced in the same transaction as every insert (readers never see them exceeded): at most
+    `max_spans` spans (on overflow the traces that started first are deleted, whole, down to 90% of the bound)
+    and, when `max_age_s` > 0, no trace nothing arrived for in `max_age_s`. The count is this connection's
+    running estimate, read back from the file on overflow and at least every second, so several writers on one
+    file keep it bounded too.
     """
 
     def __init__(self, path: Path | str, max_spans: int = 200_000, max_age_s: float = 0.0) -> None:
@@ -115,13 +116,16 @@ class TraceStore:
                             errors = excluded.errors, updated_ns = excluded.updated_ns""",
                     (now_ns, now_ns, *chunk),
                 )
-        self._estimate += added
-        self.enforce_bounds(now_ns)
+            self._estimate += added
+            self._evict(now_ns)  # in the same transaction: readers never see the store over its bounds
         return added
 
     def enforce_bounds(self, now_ns: int | None = None) -> int:
         """Evict traces past the age bound and, over `max_spans`, the oldest traces; returns traces evicted."""
-        now_ns = time.time_ns() if now_ns is None else now_ns
+        with self._transaction():
+            return self._evict(time.time_ns() if now_ns is None else now_ns)
+
+    def _evict(self, now_ns: int) -> int:
         evicted = 0
         if self.max_age_s > 0:
             cutoff = now_ns - int(self.max_age_s * 1e9)
@@ -135,23 +139,25 @@ class TraceStore:
                 target = total - int(self.max_spans * LOW_WATERMARK)
                 victims: list[str] = []
                 removed = 0
-                for trace_id, count in self.db.execute("SELECT trace_id, span_count FROM traces ORDER BY start_ns"):
+                oldest = self.db.execute("SELECT trace_id, span_count FROM traces ORDER BY start_ns")
+                for trace_id, count in oldest:
                     if removed >= target:
                         break
                     victims.append(trace_id)
                     removed += count
+                oldest.close()
                 evicted += self._delete(victims)
             self._estimate = self.span_total()
         return evicted
 
     def _delete(self, trace_ids: Sequence[str]) -> int:
+        """Delete these traces' spans and rows (inside the caller's transaction)."""
         if not trace_ids:
             return 0
-        with self._transaction():
-            for chunk in _chunks(list(trace_ids), 500):
-                marks = ",".join("?" * len(chunk))
-                self.db.execute(f"DELETE FROM spans WHERE trace_id IN ({marks})", chunk)
-                self.db.execute(f"DELETE FROM traces WHERE trace_id IN ({marks})", chunk)
+        for chunk in _chunks(list(trace_ids), 500):
+            marks = ",".join("?" * len(chunk))
+            self.db.execute(f"DELETE FROM spans WHERE trace_id IN ({marks})", chunk)
+            self.db.execute(f"DELETE FROM traces WHERE trace_id IN ({marks})", chunk)
         self._estimate = self.span_total()
         return len(trace_ids)
 
