@@ -46,8 +46,10 @@ test: setup models
 	$(PY) -m pytest tests/unit $(wildcard tests/manifests) $(PYTEST_ARGS)
 	$(PY) -m pytest tests/integration $(wildcard tests/mesh) $(PYTEST_ARGS)
 
+# The whole local stack (Valkey, model v1 x2 + v2 canary, feature, cache, gateway, Envoy from istio/), 20 s of
+# demo traffic with a live view and a summary, then it keeps serving until Ctrl-C.
 run: setup models
-	$(PY) tools/run_model_demo.py
+	$(VENV)/bin/meshserve up --demo 20
 
 bench: setup models
 	$(PY) -m bench.model_service

@@ -1,4 +1,4 @@
-"""The `meshserve` console script: up, infer, demo, status."""
+"""The `meshserve` console script: up, infer, demo, status, canary, traces."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+
+from services.traces.cli import app as traces_app
 
 app = typer.Typer(
     name="meshserve",
@@ -24,7 +26,9 @@ PORT_BASE_HELP = (
     "gRPC ports from here (gateway +0, model v1 +1/+11, feature +2, cache +3, canary +21; metrics +1000); "
     "0 picks free ports."
 )
-Address = Annotated[str, typer.Option("--address", "-a", help="Gateway host:port (the Envoy ingress is :8080).")]
+Address = Annotated[
+    str, typer.Option("--address", "-a", help="Ingress host:port (Envoy; with `up --no-mesh`, the gateway's :8000).")
+]
 
 
 @app.command()
@@ -43,19 +47,29 @@ def up(
     host: Annotated[str, typer.Option(help="Address every service binds.")] = "127.0.0.1",
     start_timeout: Annotated[float, typer.Option(help="Seconds each service has to become SERVING.")] = 120.0,
     stop_timeout: Annotated[float, typer.Option(help="Seconds after SIGTERM before a service is killed.")] = 15.0,
+    traces: Annotated[
+        bool, typer.Option(help="Run the local OTLP receiver; every service and Envoy export spans to it.")
+    ] = True,
+    demo: Annotated[
+        float, typer.Option(help="Once up, send this many seconds of demo traffic, then explain how to call it.")
+    ] = 0.0,
 ) -> None:
     """Run the local stack (Valkey, model v1 x2 + v2 canary, feature, cache, gateway, Envoy) until Ctrl-C."""
     from services.cli.topology import Topology
     from services.cli.up import run_stack
     from services.mesh import MeshConfigError
 
-    topology = Topology.local(port_base, gateway_port, replicas, canary, models, pipelines, host, mesh)
+    topology = Topology.local(
+        port_base, gateway_port, replicas, canary, models, pipelines, host, mesh, traces, log_dir / "traces.sqlite"
+    )
     if not topology.models_dir.is_dir():
         err.print(f"model repository {topology.models_dir} not found (build it with `make models`, or --models)")
         raise typer.Exit(2)
     try:
         code = asyncio.run(
-            run_stack(topology, log_dir.resolve(), console, redis_url, start_timeout, stop_timeout_s=stop_timeout)
+            run_stack(
+                topology, log_dir.resolve(), console, redis_url, start_timeout, stop_timeout_s=stop_timeout, demo_s=demo
+            )
         )
     except MeshConfigError as e:
         err.print(f"[red]mesh configuration[/]: {e}", highlight=False)
@@ -69,7 +83,7 @@ def infer(
     json_: Annotated[
         str, typer.Option("--json", "-j", help="One row object or a list of rows (JSON); @file reads a file.")
     ],
-    address: Address = "127.0.0.1:8000",
+    address: Address = "127.0.0.1:8080",
     debug: Annotated[bool, typer.Option(help="Ask for per-stage timings (request parameter debug=true).")] = False,
     version: Annotated[str, typer.Option(help="Model version (empty: the server's choice).")] = "",
     timeout: Annotated[float, typer.Option(help="Seconds per RPC.")] = 10.0,
@@ -94,7 +108,7 @@ def infer(
 def demo(
     duration: Annotated[float, typer.Option(min=0.1, help="Seconds of traffic.")] = 20.0,
     concurrency: Annotated[int, typer.Option(min=1, max=1024, help="Concurrent requests in flight.")] = 8,
-    address: Address = "127.0.0.1:8000",
+    address: Address = "127.0.0.1:8080",
     pipeline: Annotated[str, typer.Option(help="Pipeline taking fraud transactions.")] = "fraud",
     seed: Annotated[int, typer.Option(help="Traffic generator seed.")] = 0,
     repeat: Annotated[float, typer.Option(min=0, max=1, help="Share of requests re-sending an earlier one.")] = 0.3,
@@ -137,26 +151,65 @@ def status(
     raise typer.Exit(check_all(log_dir, port_base, console))
 
 
-@app.command()
-def canary(
-    weights: Annotated[str | None, typer.Option("--set", help="New split, e.g. v1=50,v2=50 (sums to 100).")] = None,
-    promote: Annotated[bool, typer.Option(help="Send all split traffic to v2.")] = False,
-    rollback: Annotated[bool, typer.Option(help="Send all split traffic back to v1.")] = False,
-    service: Annotated[str, typer.Option(help="Service whose route is split.")] = "model",
-    log_dir: Annotated[Path, typer.Option(help="The --log-dir of `meshserve up`.")] = Path(".logs"),
-) -> None:
-    """Show or change the canary split of the running local mesh (Envoy reloads routes; no restart)."""
-    from services.cli.canary import CanaryError, change, parse_weights
+app.add_typer(traces_app, name="traces", help="Recent traces from the local store: list, show, hotspots.")
+canary_app = typer.Typer(help="Show or change the local mesh's canary split at run time (no restart).")
+app.add_typer(canary_app, name="canary")
+LogDir = Annotated[Path, typer.Option(help="The --log-dir of `meshserve up`.")]
+Service = Annotated[str, typer.Argument(help="Service whose route is split.")]
 
-    if sum([weights is not None, promote, rollback]) > 1:
-        err.print("give one of --set, --promote, --rollback")
-        raise typer.Exit(2)
+
+def _canary(log_dir: Path, service: str, **change_args: object) -> None:
+    from services.cli.canary import CanaryError, change
+
     try:
-        split = change(log_dir, service, parse_weights(weights) if weights else None, promote, rollback)
+        split = change(log_dir, service, **change_args)  # type: ignore[arg-type]
     except (CanaryError, TimeoutError) as e:
         err.print(f"[red]canary[/]: {e}", highlight=False)
         raise typer.Exit(1) from None
     console.print(f"{service}: " + ", ".join(f"{k} {v}%" for k, v in split.items()), highlight=False)
+
+
+@canary_app.command("show")
+def canary_show(service: Service = "model", log_dir: LogDir = Path(".logs")) -> None:
+    """The split in force, e.g. `model: v1 90%, v2 10%`."""
+    _canary(log_dir, service)
+
+
+@canary_app.command("set")
+def canary_set(
+    service: Service,
+    percent: Annotated[
+        str, typer.Argument(help="Canary (v2) percent, e.g. 25; or explicit weights such as v1=50,v2=50.")
+    ],
+    log_dir: LogDir = Path(".logs"),
+) -> None:
+    """Send PERCENT of the split traffic to the canary: `meshserve canary set model 25`."""
+    from services.cli.canary import CanaryError, parse_weights
+
+    try:
+        if percent.strip().isdigit():
+            canary_share = int(percent)
+            if not 0 <= canary_share <= 100:
+                raise CanaryError(f"percent must be 0..100, got {canary_share}")
+            weights = {"v1": 100 - canary_share, "v2": canary_share}
+        else:
+            weights = parse_weights(percent)
+    except CanaryError as e:
+        err.print(f"[red]canary[/]: {e}", highlight=False)
+        raise typer.Exit(2) from None
+    _canary(log_dir, service, weights=weights)
+
+
+@canary_app.command("promote")
+def canary_promote(service: Service = "model", log_dir: LogDir = Path(".logs")) -> None:
+    """All split traffic to the canary (v2)."""
+    _canary(log_dir, service, promote=True)
+
+
+@canary_app.command("rollback")
+def canary_rollback(service: Service = "model", log_dir: LogDir = Path(".logs")) -> None:
+    """All split traffic back to the stable subset (v1)."""
+    _canary(log_dir, service, rollback=True)
 
 
 def main() -> None:

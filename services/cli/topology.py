@@ -67,6 +67,10 @@ class Topology(BaseModel):
     models_dir: Path
     pipelines_dir: Path | None = None
     grace_period_s: float = Field(5.0, ge=0, description="Each service's drain time on SIGTERM.")
+    traces_port: int | None = Field(
+        None, description="The local OTLP receiver and trace store (services.traces); None: no tracing."
+    )
+    traces_db: Path | None = Field(None, description="Its SQLite file (default: the store's own default).")
 
     @classmethod
     def local(
@@ -79,13 +83,16 @@ class Topology(BaseModel):
         pipelines_dir: Path | None = None,
         host: str = "127.0.0.1",
         mesh: bool = False,
+        traces: bool = False,
+        traces_db: Path | None = None,
     ) -> Topology:
         """The default layout from `port_base` (0: every port a free one).
 
         gateway base, model v1 base+1, base+11, ..., feature base+2, cache base+3, model v2 canary base+21;
         each /metrics port is its gRPC port + 1000 (with base 8000: the documented 8000-8003 / 9000-9003).
         With the mesh: Envoy's ingress base+80, admin base+1901 (8080, 9901), and the outbound listener of
-        gateway, model, feature, cache at base+100..103.
+        gateway, model, feature, cache at base+100..103. With traces: the OTLP receiver on 4317 for base 8000,
+        else base+90.
         """
 
         def port(offset: int) -> tuple[int, int]:
@@ -115,7 +122,12 @@ class Topology(BaseModel):
             mesh_ports = {name: port(100 + i)[0] for i, name in enumerate(services)}
             mesh_ports["ingress"] = port(80)[0]
             mesh_ports["admin"] = port(1901)[0]
+        traces_port = None
+        if traces:
+            traces_port = 4317 if port_base == 8000 else port(90)[0]
         return cls(
+            traces_port=traces_port,
+            traces_db=traces_db.resolve() if traces_db else None,
             mesh=mesh,
             ingress_port=mesh_ports.pop("ingress", 8080),
             admin_port=mesh_ports.pop("admin", 9901),
@@ -216,7 +228,7 @@ def mesh_topology(topology: Topology) -> MeshTopology:
         },
         ingress=t.address(t.ingress_port),
         admin=t.address(t.admin_port),
-        otlp=None,
+        otlp=t.address(t.traces_port) if t.traces_port else None,
     )
 
 
@@ -242,6 +254,15 @@ def build_specs(topology: Topology, redis_url: str, envoy_command: list[str] | N
     if t.mesh and envoy_command is None:
         raise ValueError("the mesh needs Envoy's command (services.mesh.LocalMesh(...).envoy.command)")
     specs: list[ProcessSpec] = []
+    tracing: dict[str, str] = {}
+    if t.traces_port:
+        traces = traces_spec(t)
+        specs.append(traces)
+        tracing = {
+            "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://{t.address(t.traces_port)}",
+            "OTEL_EXPORTER_OTLP_INSECURE": "true",
+            "OTEL_BSP_SCHEDULE_DELAY": "500",  # spans reach the store within a second (SDK default: 5 s)
+        }
     for r in t.replicas:
         spec = service_spec(
             "model",
@@ -254,17 +275,22 @@ def build_specs(topology: Topology, redis_url: str, envoy_command: list[str] | N
                 "MESHSERVE_MODEL_REPOSITORY": str(t.models_dir),
                 "MESHSERVE_MODEL_PINNED_VERSIONS": json.dumps(r.pinned_versions),
                 "MESHSERVE_MODEL_TORCH_THREADS": str(max(1, min(4, (os.cpu_count() or 2) // len(t.replicas)))),
+                **tracing,
+                **({"OTEL_SERVICE_NAME": "model"} if tracing else {}),
             },
         )
         spec.role = f"model {r.subset} " + ", ".join(f"{m}:{v}" for m, v in r.pinned_versions.items())
         specs.append(spec)
     feature = service_spec("feature", "feature", t.host, t.feature_port, t.feature_metrics_port, t.grace_period_s,
-                           {"MESHSERVE_REDIS_URL": redis_url})  # fmt: skip
+                           {"MESHSERVE_REDIS_URL": redis_url, **tracing})  # fmt: skip
     feature.role = "online features"
     cache = service_spec("cache", "cache", t.host, t.cache_port, t.cache_metrics_port, t.grace_period_s,
-                         {"MESHSERVE_REDIS_URL": redis_url})  # fmt: skip
+                         {"MESHSERVE_REDIS_URL": redis_url, **tracing})  # fmt: skip
     cache.role = "response cache"
     specs += [feature, cache]
+    if tracing:
+        for spec in specs[1:]:
+            spec.depends_on.append("traces")
     if t.mesh and envoy_command is not None:
         envoy = envoy_spec(t, envoy_command)
         envoy.depends_on = [s.name for s in specs]
@@ -273,6 +299,7 @@ def build_specs(topology: Topology, redis_url: str, envoy_command: list[str] | N
         "MESHSERVE_GATEWAY_MODEL_ADDRESS": upstream(t, "model"),
         "MESHSERVE_GATEWAY_FEATURE_ADDRESS": upstream(t, "feature"),
         "MESHSERVE_GATEWAY_CACHE_ADDRESS": upstream(t, "cache"),
+        **tracing,
     }
     if t.pipelines_dir is not None:
         gateway_env["MESHSERVE_GATEWAY_PIPELINES_DIR"] = str(t.pipelines_dir)
@@ -282,6 +309,23 @@ def build_specs(topology: Topology, redis_url: str, envoy_command: list[str] | N
     gateway.depends_on = [s.name for s in specs]
     specs.append(gateway)
     return specs
+
+
+def traces_spec(topology: Topology) -> ProcessSpec:
+    """The local OTLP receiver and trace store (`python -m services.traces`), started first."""
+    t = topology
+    assert t.traces_port is not None
+    env = {"MESHSERVE_TRACES_HOST": t.host, "MESHSERVE_TRACES_PORT": str(t.traces_port), "PYTHONUNBUFFERED": "1"}
+    if t.traces_db is not None:
+        env["MESHSERVE_TRACES_DB"] = str(t.traces_db)
+    return ProcessSpec(
+        name="traces",
+        argv=[sys.executable, "-m", "services.traces"],
+        env=env,
+        host=t.host,
+        port=t.traces_port,
+        role="OTLP receiver + trace store (meshserve traces)",
+    )
 
 
 def busy_ports(topology: Topology, specs: list[ProcessSpec]) -> list[str]:

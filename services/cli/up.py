@@ -63,8 +63,12 @@ async def run_stack(
     start_timeout_s: float = 120.0,
     stop_timeout_s: float = 15.0,
     policy: BackoffPolicy | None = None,
+    demo_s: float = 0.0,
 ) -> int:
     """Run the stack until a signal; 0 after a clean stop, 1 when it could not start.
+
+    With `demo_s`, synthetic traffic runs for that long once the stack is up, then a summary and how to
+    call the endpoint are printed, and the stack keeps serving.
 
     Raises services.mesh.MeshConfigError when `istio/` cannot be rendered for the mesh.
     """
@@ -116,6 +120,8 @@ async def run_stack(
             highlight=False,
             soft_wrap=True,
         )
+        if demo_s > 0:
+            await _until_stopped(run_demo_and_explain(entry, demo_s, console), stop, console)
         await stop.wait()
         return 0
     finally:
@@ -145,6 +151,26 @@ async def _until_stopped(work: Coroutine[Any, Any, None], stop: asyncio.Event, c
         console.print(f"[red]stack did not start[/]: {e}", highlight=False, soft_wrap=True)
         return False
     return True
+
+
+async def run_demo_and_explain(address: str, seconds: float, console: Console) -> None:
+    """The demo's live view for `seconds`, its summary, then how to call the endpoint; keeps serving after."""
+    from services.cli.demo import render, run_demo
+    from services.cli.howto import how_to_call
+
+    console.rule(f"demo: {seconds:.0f} s of synthetic card transactions to the fraud pipeline")
+    summary = await run_demo(address, seconds, concurrency=8, console=console)
+    if not console.is_terminal:
+        console.print(render(summary))
+    console.print(
+        f"[bold]summary[/]: {summary.ok}/{summary.requests} ok, {summary.rps:.0f} req/s, p50 {summary.p50_ms:.1f} ms, "
+        f"p99 {summary.p99_ms:.1f} ms, cache hits {summary.cache_hit_ratio:.0%}, degraded {summary.degraded}, "
+        f"errors {sum(summary.errors.values())}",
+        highlight=False,
+    )
+    console.rule()
+    console.print(how_to_call(address), highlight=False, markup=False, soft_wrap=True)
+    console.print(f"[green]still serving at {address}[/]; Ctrl-C stops everything", highlight=False)
 
 
 def render_mesh(topology: Topology, workdir: Path) -> list[str]:

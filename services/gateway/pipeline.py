@@ -36,6 +36,9 @@ class FeatureStage(_Strict):
 
     feature_set: str = Field(min_length=1, description="Versioned feature set id, e.g. fraud_v1.")
     output: str = Field("features", description="Name of the pipeline tensor that holds the matrix.")
+    budget_ms: float = Field(
+        0.0, ge=0, description="Online-lookup budget passed to the feature service (0: the service's default)."
+    )
 
 
 class Preprocess(_Strict):

@@ -176,7 +176,9 @@ class PipelineRunner:
         stage = self.spec.features
         assert stage is not None
         timeout = deadline.for_hop(self.spec.timeouts.features_ms, "computing features")
-        request = fpb.ComputeRequest(feature_set=stage.feature_set, rows=feature_rows(self.spec, inputs, rows))
+        request = fpb.ComputeRequest(
+            feature_set=stage.feature_set, rows=feature_rows(self.spec, inputs, rows), budget_ms=stage.budget_ms
+        )
         with tracer.start_as_current_span("features", attributes={"feature.set": stage.feature_set, "rows": rows}):
             response = await self.up.feature.Compute(request, timeout=timeout, metadata=hop_headers(headers))
         degraded = sum(1 for f in response.flags if f.degraded)

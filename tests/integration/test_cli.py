@@ -106,7 +106,8 @@ def test_up_prints_every_service_and_reports_serving(stack: Stack) -> None:
     assert (stack.log_dir / "gateway.log").exists() and (stack.log_dir / "model-v2.log").exists()
     status = meshserve("status", "--log-dir", str(stack.log_dir))
     assert status.returncode == 0, status.stdout + status.stderr
-    assert status.stdout.count("SERVING") == 7 and status.stdout.count("READY") == 1  # 6 services + ingress; envoy
+    # 7 processes (traces, 3 model replicas, feature, cache, gateway) + the ingress; envoy is READY
+    assert status.stdout.count("SERVING") == 8 and status.stdout.count("READY") == 1
 
 
 def test_infer_and_demo_through_the_ingress(stack: Stack, tmp_path: Path) -> None:
@@ -140,15 +141,17 @@ def test_canary_split_moves_at_run_time(stack: Stack) -> None:
         assert out.returncode == 0, out.stderr
         return json.loads(out.stdout)["parameters"]["model_version"]
 
-    shown = meshserve("canary", "--log-dir", str(stack.log_dir))
+    shown = meshserve("canary", "show", "model", "--log-dir", str(stack.log_dir))
     assert shown.returncode == 0 and "v1 90%, v2 10%" in shown.stdout, shown.stdout + shown.stderr
-    promoted = meshserve("canary", "--promote", "--log-dir", str(stack.log_dir))
+    quarter = meshserve("canary", "set", "model", "25", "--log-dir", str(stack.log_dir))
+    assert quarter.returncode == 0 and "v1 75%, v2 25%" in quarter.stdout, quarter.stdout + quarter.stderr
+    promoted = meshserve("canary", "promote", "model", "--log-dir", str(stack.log_dir))
     assert promoted.returncode == 0 and "v1 0%, v2 100%" in promoted.stdout, promoted.stdout + promoted.stderr
     assert {version(1717500000 + i) for i in range(3)} == {"2"}
-    back = meshserve("canary", "--rollback", "--log-dir", str(stack.log_dir))
+    back = meshserve("canary", "rollback", "model", "--log-dir", str(stack.log_dir))
     assert back.returncode == 0 and "v1 100%, v2 0%" in back.stdout
     assert {version(1717600000 + i) for i in range(3)} == {"1"}
-    bad = meshserve("canary", "--set", "v1=50,v3=50", "--log-dir", str(stack.log_dir))
+    bad = meshserve("canary", "set", "model", "v1=50,v3=50", "--log-dir", str(stack.log_dir))
     assert bad.returncode == 1 and "unknown subsets" in bad.stderr
 
 
