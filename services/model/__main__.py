@@ -31,6 +31,7 @@ async def serve(settings: ModelServiceSettings) -> None:
         ModelRepository(settings.repository),
         drain_timeout_s=settings.grace_period_s,
         pinned_versions=settings.pinned_versions,
+        fault_delay_ms=settings.fault_delay_ms,
     )
     dataplane = DataPlane(manager, service.lifecycle)
     inference_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(dataplane), service.server)

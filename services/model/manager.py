@@ -7,7 +7,7 @@ import logging
 from dataclasses import dataclass, field
 
 from services.common.errors import InvalidArgument, MeshserveError, NotFound, Unavailable
-from services.model.backends.base import get_backend
+from services.model.backends.base import DelayedModel, get_backend
 from services.model.config import ModelConfig
 from services.model.repository import ModelRepository
 from services.model.stats import set_state_metric
@@ -46,8 +46,10 @@ class ModelManager:
         repository: ModelRepository,
         drain_timeout_s: float = 30.0,
         pinned_versions: dict[str, list[int]] | None = None,
+        fault_delay_ms: float = 0.0,
     ) -> None:
         self.repository = repository
+        self.fault_delay_s = fault_delay_ms / 1e3
         self.drain_timeout_s = drain_timeout_s
         self.pinned_versions = {name: sorted(set(vs)) for name, vs in (pinned_versions or {}).items()}
         self.models: dict[str, ModelEntry] = {}
@@ -216,6 +218,10 @@ class ModelManager:
             return model
 
         model = await asyncio.to_thread(load_and_warm)
+        if self.fault_delay_s > 0:
+            log.warning("fault injection: every forward of %s v%d takes %.0f ms longer", config.name, version,
+                        self.fault_delay_s * 1e3)  # fmt: skip
+            model = DelayedModel(model, self.fault_delay_s)
         return ModelVersion(config, version, model, backend.platform)
 
     def _retire(self, entry: ModelEntry, version: int, mv: ModelVersion, replaced: bool) -> None:

@@ -32,3 +32,8 @@ class ModelServiceSettings(ServiceSettings):
             "model's version_policy so that a replica serves one mesh subset (v1 or the v2 canary)."
         ),
     )
+    fault_delay_ms: float = Field(
+        0.0,
+        ge=0,
+        description="Fault injection for drills and tests: every forward pass takes this much longer (0: off).",
+    )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from pathlib import Path
 
@@ -21,6 +22,22 @@ class LoadedModel(ABC):
 
     def unload(self) -> None:  # noqa: B027 - optional hook
         """Free memory (GPU buffers, engines); the default has nothing to free."""
+
+
+class DelayedModel(LoadedModel):
+    """Fault injection: a model whose every forward pass takes `delay_s` longer (drills, tracing tests)."""
+
+    def __init__(self, model: LoadedModel, delay_s: float) -> None:
+        self.model = model
+        self.delay_s = delay_s
+        self.device = model.device
+
+    def forward(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        time.sleep(self.delay_s)  # a worker thread, never the event loop
+        return self.model.forward(inputs)
+
+    def unload(self) -> None:
+        self.model.unload()
 
 
 class Backend(ABC):
