@@ -55,6 +55,9 @@ bench: setup models
 	$(PY) -m bench.model_service
 	$(PY) -m bench.cache
 	$(PY) -m bench.feature_service
+	$(PY) -m bench.pipeline
+	$(PY) -m bench.mesh
+	$(PY) -m bench.tracing
 
 bench-peers: setup models
 	$(PY) -m bench.peers
