@@ -9,17 +9,13 @@ import importlib.util
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-MESHSERVE = Path(sys.executable).parent / "meshserve"
+from tests.helpers.cli_stack import MESHSERVE, ROOT, Stack, local_stack, meshserve
 
 pytestmark = [
     pytest.mark.skipif(
@@ -39,62 +35,10 @@ ROW = {"event_time": 1717400000, "user_id": "u1", "merchant_id": "m2", "device_i
        "country": "us", "channel": "web", "mcc": "5411", "card_present": False, "account_age_days": 300.0}  # fmt: skip
 
 
-@dataclass
-class Stack:
-    process: subprocess.Popen[str]
-    log_dir: Path
-    output: Path
-
-    @property
-    def gateway(self) -> str:
-        return self.state()["gateway"]
-
-    @property
-    def ingress(self) -> str:
-        return self.state()["ingress"]
-
-    def state(self) -> dict:
-        return json.loads((self.log_dir / "stack.json").read_text())
-
-    def pids(self) -> dict[str, int]:
-        return {s["name"]: s["pid"] for s in self.state()["services"]}
-
-    def printed(self) -> str:
-        return self.output.read_text(errors="replace")
-
-
-def meshserve(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "COLUMNS": "200"}
-    return subprocess.run([str(MESHSERVE), *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
-
-
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    log_dir = tmp_path_factory.mktemp("cli") / "logs"
-    output = log_dir.parent / "up.out"
-    env = {**os.environ, "COLUMNS": "200"}
-    with output.open("w") as out:
-        process = subprocess.Popen(
-            [str(MESHSERVE), "up", "--port-base", "0", "--log-dir", str(log_dir),
-             "--start-timeout", "80", "--stop-timeout", "10"],
-            stdout=out, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=env, start_new_session=True,
-        )  # fmt: skip
-    s = Stack(process, log_dir, output)
-    try:
-        deadline = time.monotonic() + 100  # ~15 s on an idle 2-core machine; generous for a loaded one
-        while not (log_dir / "stack.json").exists():
-            assert process.poll() is None, f"meshserve up exited with {process.returncode}:\n{s.printed()}"
-            assert time.monotonic() < deadline, f"stack not up after 100s:\n{s.printed()}"
-            time.sleep(0.2)
+    with local_stack(tmp_path_factory.mktemp("cli") / "logs") as s:
         yield s
-    finally:
-        if process.poll() is None:
-            os.kill(process.pid, signal.SIGTERM)
-            try:
-                process.wait(40)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
 
 
 def test_up_prints_every_service_and_reports_serving(stack: Stack) -> None:

@@ -1,0 +1,76 @@
+"""`meshserve up` as a subprocess on free ports, for tests that need the whole local stack (with Envoy)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+MESHSERVE = Path(sys.executable).parent / "meshserve"
+
+
+@dataclass
+class Stack:
+    process: subprocess.Popen[str]
+    log_dir: Path
+    output: Path
+
+    @property
+    def gateway(self) -> str:
+        return self.state()["gateway"]
+
+    @property
+    def ingress(self) -> str:
+        return self.state()["ingress"]
+
+    def state(self) -> dict:
+        return json.loads((self.log_dir / "stack.json").read_text())
+
+    def pids(self) -> dict[str, int]:
+        return {s["name"]: s["pid"] for s in self.state()["services"]}
+
+    def printed(self) -> str:
+        return self.output.read_text(errors="replace")
+
+
+def meshserve(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    """The installed console script, run to completion."""
+    env = {**os.environ, "COLUMNS": "200"}
+    return subprocess.run([str(MESHSERVE), *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
+
+
+@contextmanager
+def local_stack(log_dir: Path, env: Mapping[str, str] | None = None, args: tuple[str, ...] = ()) -> Iterator[Stack]:
+    """`meshserve up --port-base 0` until its stack.json appears; SIGTERM (then SIGKILL) after the body."""
+    output = log_dir.parent / f"{log_dir.name}-up.out"
+    environ = {**os.environ, "COLUMNS": "200", **(env or {})}
+    with output.open("w") as out:
+        process = subprocess.Popen(
+            [str(MESHSERVE), "up", "--port-base", "0", "--log-dir", str(log_dir),
+             "--start-timeout", "80", "--stop-timeout", "10", *args],
+            stdout=out, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=environ, start_new_session=True,
+        )  # fmt: skip
+    s = Stack(process, log_dir, output)
+    try:
+        deadline = time.monotonic() + 100  # ~15 s on an idle 2-core machine; generous for a loaded one
+        while not (log_dir / "stack.json").exists():
+            assert process.poll() is None, f"meshserve up exited with {process.returncode}:\n{s.printed()}"
+            assert time.monotonic() < deadline, f"stack not up after 100s:\n{s.printed()}"
+            time.sleep(0.2)
+        yield s
+    finally:
+        if process.poll() is None:
+            os.kill(process.pid, signal.SIGTERM)
+            try:
+                process.wait(40)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
