@@ -131,13 +131,22 @@ class TracingInterceptor(_CachingInterceptor):
             token = otel_context.attach(parent)
             try:
                 with tracer.start_as_current_span(
-                    method.lstrip("/"), kind=SpanKind.SERVER, attributes=attributes, record_exception=False
+                    method.lstrip("/"),
+                    kind=SpanKind.SERVER,
+                    attributes=attributes,
+                    record_exception=False,
+                    set_status_on_exception=False,
                 ) as span:
                     try:
                         return await behavior(request, context)
                     except MeshserveError as exc:
                         span.set_attribute("rpc.grpc.status_code", exc.code.value[0])
                         span.set_status(Status(StatusCode.ERROR, str(exc)))
+                        raise
+                    except grpc.aio.AbortError:  # the error interceptor (inside this one) set the status
+                        code = context.code() or grpc.StatusCode.UNKNOWN
+                        span.set_attribute("rpc.grpc.status_code", code.value[0])
+                        span.set_status(Status(StatusCode.ERROR, f"{code.name}: {context.details() or ''}"))
                         raise
                     except Exception as exc:
                         span.set_status(Status(StatusCode.ERROR, repr(exc)))

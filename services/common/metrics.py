@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 import grpc
+from opentelemetry import trace
 from prometheus_client import Counter, Histogram, start_http_server
 
 log = logging.getLogger(__name__)
@@ -28,6 +29,15 @@ GRPC_HANDLING = Histogram(
 )
 
 
+def trace_exemplar() -> dict[str, str] | None:
+    """{"trace_id": ...} of the current sampled span, to link a latency observation to its trace (an
+    OpenMetrics exemplar, shown when Prometheus scrapes with exemplar storage on); None otherwise."""
+    context = trace.get_current_span().get_span_context()
+    if not (context.is_valid and context.trace_flags.sampled):
+        return None
+    return {"trace_id": format(context.trace_id, "032x")}
+
+
 class RpcMetrics:
     """Label children cached per (method, code) so the hot path pays one dict lookup, not a label lookup."""
 
@@ -47,7 +57,7 @@ class RpcMetrics:
         if hist is None:
             hist = GRPC_HANDLING.labels(self.service, method)
             self._handling[method] = hist
-        hist.observe(seconds)
+        hist.observe(seconds, trace_exemplar())
 
 
 def start_metrics_server(port: int, host: str = "0.0.0.0") -> int | None:

@@ -58,9 +58,11 @@ class GrpcService:
         self.service_names = list(service_names)
         self.lifecycle = Lifecycle()
         self.tracer_provider = setup_tracing(name)
+        # Tracing outermost, so the server span is current while errors are mapped and latency observed
+        # (latency histograms carry the trace id as an exemplar).
         interceptors: list[grpc.aio.ServerInterceptor] = [ErrorAndMetricsInterceptor(name)]
         if self.tracer_provider is not None:
-            interceptors.append(TracingInterceptor(self.tracer_provider))
+            interceptors.insert(0, TracingInterceptor(self.tracer_provider))
         self.server = grpc.aio.server(
             interceptors=interceptors,
             options=server_options(settings),

@@ -16,6 +16,7 @@ import grpc
 
 from services.cache.l1 import L1Cache
 from services.common.errors import InvalidArgument, MeshserveError, NotFound, Unavailable
+from services.common.metrics import trace_exemplar
 from services.common.server import Lifecycle
 from services.common.tensor_codec import decode_request_inputs
 from services.common.triton_config import MODEL_CONFIG_DATA_TYPES
@@ -185,7 +186,7 @@ class Gateway:
             metrics.INFLIGHT.labels(spec.name).set(pool.inflight)
             metrics.LIMIT.labels(spec.name).set(pool.current_limit())
         elapsed = time.perf_counter() - start
-        metrics.REQUEST_SECONDS.labels(spec.name).observe(elapsed)
+        metrics.REQUEST_SECONDS.labels(spec.name).observe(elapsed, trace_exemplar())
         for stage, ms in answer.stages_ms.items():
             if stage != "total":
                 metrics.STAGE_SECONDS.labels(spec.name, stage).observe(ms / 1e3)

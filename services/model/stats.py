@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from services.common.metrics import LATENCY_BUCKETS
+from services.common.metrics import LATENCY_BUCKETS, trace_exemplar
 
 REQUESTS = Counter(
     "meshserve_model_requests_total", "Inference requests by model, version and gRPC code.",
@@ -132,4 +132,4 @@ class VersionStats:
         else:
             self.fail.add(ns)
             REQUESTS.labels(self.model, str(self.version), code).inc()
-        self._request_s.observe(ns / 1e9)
+        self._request_s.observe(ns / 1e9, trace_exemplar())
