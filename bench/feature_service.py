@@ -2,9 +2,9 @@
 
 The pipelined path is the real one (FeatureHandler.compute: one Redis round trip per batch, a read script
 walking the rows inside Redis). The naive path, written here, reads the same keys with one awaited Redis
-command per aggregate feature per row (HMGET of the window's bucket records, PFCOUNT, ZREVRANGEBYSCORE), one
-after the other, then runs the same vectorised transforms; both must give the same matrix. The store is
-pre-loaded with a week of events over many users, merchants and devices.
+command per aggregate feature per row (ZRANGEBYSCORE of the window's bucket records, PFCOUNT,
+ZREVRANGEBYSCORE), one after the other, then runs the same vectorised transforms; both must give the same
+matrix. The store is pre-loaded with a week of events over many users, merchants and devices.
 """
 
 from __future__ import annotations
@@ -82,9 +82,8 @@ class NaiveReader:
             keys = [f"{self.base}h:{a.entity}:{ids[a.entity]}:{a.field}:{b}:{k}" for k in range(now - n, now)]
             return float(await self.client.pfcount(*keys))
         group = self.fs.plan.group_of(a)
-        fields = [str(k) for k in range(now - n, now)]
-        got = await self.client.hmget(f"{self.base}a:{a.entity}:{ids[a.entity]}:{b}", fields)
-        records = [struct.unpack("<" + "d" * group.width, v) for v in got if v is not None]
+        got = await self.client.zrangebyscore(f"{self.base}z:{a.entity}:{ids[a.entity]}:{b}", now - n, now - 1)
+        records = [struct.unpack("<" + "d" * group.width, v[8:]) for v in got]  # bucket number, then the record
         col = self.fs.plan.column_of(a)
         if a.op in ("count", "sum"):
             return float(sum(r[col] for r in records))

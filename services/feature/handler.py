@@ -27,7 +27,12 @@ class FeatureHandler:
     def __init__(self, settings: FeatureServiceSettings, redis_url: str) -> None:
         self.settings = settings
         self.sets = load_feature_sets(settings.features_dir)
-        self.store = OnlineStore(redis_url, settings.key_prefix, settings.redis_max_connections)
+        self.store = OnlineStore(
+            redis_url,
+            settings.key_prefix,
+            settings.redis_max_connections,
+            plans=[fs.plan for fs in self.sets.values()],  # their read scripts are loaded by store.prepare()
+        )
 
     def feature_set(self, set_id: str) -> FeatureSet:
         found = self.sets.get(set_id)

@@ -125,7 +125,7 @@ def test_aggregates_match_reference(valkey: ValkeyServer, tmp_path: Path, events
 
 
 async def test_out_of_order_and_pruned_buckets(valkey: ValkeyServer, tmp_path: Path) -> None:
-    """Events ingested out of order give the same answers; old buckets are pruned from the hash."""
+    """Events ingested out of order give the same answers; old buckets are pruned from the sorted set."""
     (tmp_path / "agg_v1.yaml").write_text(AGG_YAML)
     rng = np.random.default_rng(7)
     events = [Event(BASE + int(s), "u0", f"m{int(s) % 5}", float(s % 97)) for s in rng.integers(0, 4000, 300)]
@@ -136,10 +136,19 @@ async def test_out_of_order_and_pruned_buckets(valkey: ValkeyServer, tmp_path: P
     await _check(valkey.connection_url, tmp_path, shuffled, queries[:1])
     client = redis.Redis.from_url(valkey.connection_url)
     try:
-        sizes = [client.hlen(k) for k in client.scan_iter(match="*:a:user:u0:*")]
-        assert sizes and max(sizes) <= 4 * (10 + 2) * 3  # pruned: no field per bucket since the start
+        sizes = [client.zcard(k) for k in client.scan_iter(match="*:z:user:u0:*")]
+        assert sizes and max(sizes) <= 4 * (10 + 2) * 3  # pruned: no member per bucket since the start
     finally:
         client.close()
+
+
+async def test_ids_of_any_text(valkey: ValkeyServer, tmp_path: Path) -> None:
+    """Ids travel to the read script as byte lengths and one blob: commas, digits, non-ASCII, empty ids read right."""
+    (tmp_path / "agg_v1.yaml").write_text(AGG_YAML)
+    users, merchants = ["ü,1", "用户", "", "12", "a b"], ["m,0", "", "商户", "7"]
+    events = [Event(BASE + 7 * i, users[i % 5], merchants[i % 4], float(i)) for i in range(60)]
+    queries = [(BASE + 7 * i + d, users[i % 5], merchants[(i + 1) % 4]) for i in range(0, 60, 3) for d in (0, 1, 61)]
+    await _check(valkey.connection_url, tmp_path, events, queries)
 
 
 TTL_YAML = """\
