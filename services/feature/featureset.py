@@ -133,26 +133,25 @@ class FeatureSet:
         defaulted = np.zeros(rows, dtype=bool)
         degraded = np.zeros(rows, dtype=bool)
         features = self.spec.features
-        if self.has_aggregates:
-            with tracer.start_as_current_span("feature.online", attributes={"feature.rows": rows}):
-                if online is None:
-                    degraded[:] = True
-                    defaulted[:] = True
-                else:
-                    defaulted |= online.defaulted
-                for i, f in enumerate(features):
-                    if isinstance(f, Aggregate):
-                        raw = np.full(rows, f.default) if online is None else online.values[i]
-                        self._put(out, values, i, raw)
+        if self.has_aggregates:  # the Redis read itself is the handler's `feature.online_lookup` span
+            if online is None:
+                degraded[:] = True
+                defaulted[:] = True
+            else:
+                defaulted |= online.defaulted
+            for i, f in enumerate(features):
+                if isinstance(f, Aggregate):
+                    raw = np.full(rows, f.default) if online is None else online.values[i]
+                    self._put(out, values, i, raw)
         if self.tables:
-            with tracer.start_as_current_span("feature.static", attributes={"feature.rows": rows}):
+            with tracer.start_as_current_span("feature.static_lookup", attributes={"feature.rows": rows}):
                 for i, table in self.tables.items():
                     f = features[i]
                     assert isinstance(f, Lookup)
                     raw, missing = tf.lookup(columns[f.input], table, f.default)
                     defaulted |= missing
                     self._put(out, values, i, raw)
-        with tracer.start_as_current_span("feature.request", attributes={"feature.rows": rows}):
+        with tracer.start_as_current_span("feature.request_transforms", attributes={"feature.rows": rows}):
             for i, f in enumerate(features):
                 if group_of(f) != REQUEST:
                     continue

@@ -6,9 +6,12 @@ A failed or slow online store never fails Compute: aggregates take their default
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Mapping, Sequence
+
+from opentelemetry import trace
 
 from services.common.errors import InvalidArgument, NotFound, Unavailable
 from services.feature import metrics
@@ -17,6 +20,7 @@ from services.feature.settings import FeatureServiceSettings
 from services.feature.store import FAILURES, AggregateResult, OnlineStore
 
 log = logging.getLogger(__name__)
+tracer = trace.get_tracer("services.feature")
 
 Row = Mapping[str, Scalar | None]
 
@@ -63,13 +67,18 @@ class FeatureHandler:
         trips = 0
         if fs.has_aggregates:
             before = self.store.round_trips
-            try:
-                online = await self.store.read(
-                    fs.plan, columns, fs.spec.timestamp_field, self._budget_s(budget_ms, len(rows))
-                )
-            except FAILURES as exc:
-                metrics.REDIS_ERRORS.labels("read", type(exc).__name__).inc()
-                log.debug("online store read failed, degrading %d rows: %r", len(rows), exc)
+            with tracer.start_as_current_span(
+                "feature.online_lookup", attributes={"feature.rows": len(rows), "feature.set": set_id}
+            ):
+                if self.settings.fault_delay_ms > 0:  # fault injection (drills, tracing tests)
+                    await asyncio.sleep(self.settings.fault_delay_ms / 1e3)
+                try:
+                    online = await self.store.read(
+                        fs.plan, columns, fs.spec.timestamp_field, self._budget_s(budget_ms, len(rows))
+                    )
+                except FAILURES as exc:
+                    metrics.REDIS_ERRORS.labels("read", type(exc).__name__).inc()
+                    log.debug("online store read failed, degrading %d rows: %r", len(rows), exc)
             trips = self.store.round_trips - before
         result = fs.compute(columns, online)
         metrics.COMPUTE_SECONDS.labels(set_id).observe(time.perf_counter() - start)

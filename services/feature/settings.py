@@ -37,3 +37,6 @@ class FeatureServiceSettings(ServiceSettings):
     ingest_timeout_ms: float = Field(1000.0, gt=0, description="Time allowed for one batched Ingest write.")
     max_batch: int = Field(1024, ge=1, description="Most rows in one Compute or events in one Ingest.")
     redis_max_connections: int = Field(64, ge=1, description="Redis connection pool size.")
+    fault_delay_ms: float = Field(
+        0.0, ge=0, description="Fault injection for drills and tests: every online lookup takes this much longer."
+    )

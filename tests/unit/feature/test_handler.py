@@ -167,12 +167,28 @@ async def test_a_span_per_feature_group(make_handler: Make, monkeypatch: pytest.
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
     from services.feature import featureset
+    from services.feature import handler as handler_module
 
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     monkeypatch.setattr(featureset, "tracer", provider.get_tracer("test"))
+    monkeypatch.setattr(handler_module, "tracer", provider.get_tracer("test"))
     handler = make_handler()
     await handler.compute("fraud_v1", [fraud_row()] * 3)
     spans = {s.name: dict(s.attributes or {}) for s in exporter.get_finished_spans()}
-    assert spans == {name: {"feature.rows": 3} for name in ("feature.online", "feature.static", "feature.request")}
+    assert spans == {
+        "feature.online_lookup": {"feature.rows": 3, "feature.set": "fraud_v1"},
+        "feature.static_lookup": {"feature.rows": 3},
+        "feature.request_transforms": {"feature.rows": 3},
+    }
+
+
+async def test_a_fault_delay_slows_the_online_lookup_without_degrading(
+    make_handler: Make, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    handler = make_handler(fault_delay_ms=50)
+    start = time.perf_counter()
+    result = await handler.compute("fraud_v1", [fraud_row()])
+    assert time.perf_counter() - start >= 0.05
+    assert not result.degraded.any()
