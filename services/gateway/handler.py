@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -28,6 +29,8 @@ from services.gateway.runner import Answer, OutputSpec, PipelineRunner
 from services.gateway.settings import GatewaySettings
 from services.gateway.upstream import Deadline, Upstreams, upstream_error
 from services.gateway.versions import ServingVersions
+from services.protos import cache_pb2 as cpb
+from services.protos import feature_pb2 as fpb
 from services.protos import inference_pb2 as pb
 from services.protos import model_config_pb2 as mc
 
@@ -36,6 +39,8 @@ SERVER_NAME = "meshserve-gateway"
 SERVER_VERSION = "0.1.0"
 PLATFORM = "meshserve_pipeline"
 FORWARD_TIMEOUT_S = 30.0  # a forwarded call without a client deadline
+# Housekeeping calls (version refresh, warm-up) carry an unsampled W3C context: the mesh must not trace them.
+UNTRACED = (("traceparent", f"00-{secrets.token_hex(16)}-{secrets.token_hex(8)}-00"),)
 
 
 @dataclass
@@ -82,9 +87,21 @@ class Gateway:
     # -- lifecycle -----------------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Learn each pipeline model's outputs and versions (best effort), then keep them fresh."""
-        await self.refresh()
+        """Connect to every upstream and learn each pipeline model's outputs and versions (best effort, so the
+        first requests do not pay for connection set-up inside their tight stage budgets), then keep fresh."""
+        await asyncio.gather(self.refresh(), self._warm_up(), return_exceptions=True)
         self._refresher = asyncio.create_task(self._refresh_forever())
+
+    async def _warm_up(self) -> None:
+        """One cheap call per upstream, through the mesh when there is one (it connects both hops)."""
+        calls = [self.up.cache.stub.Stats(cpb.StatsRequest(), timeout=2.0, metadata=UNTRACED)]
+        for spec in self.pipelines.values():
+            if spec.features is not None:
+                request = fpb.GetFeatureSetRequest(feature_set=spec.features.feature_set)
+                calls.append(self.up.feature.GetFeatureSet(request, timeout=2.0, metadata=UNTRACED))
+        for result in await asyncio.gather(*calls, return_exceptions=True):
+            if isinstance(result, BaseException):
+                log.info("upstream not reachable yet (requests will retry the connection): %s", result)
 
     async def close(self) -> None:
         if self._refresher is not None:
@@ -116,7 +133,8 @@ class Gateway:
                     runner.model_outputs = outputs
 
     async def _model_metadata(self, model: str) -> pb.ModelMetadataResponse:
-        return await self.up.model.ModelMetadata(pb.ModelMetadataRequest(name=model), timeout=2.0)
+        request = pb.ModelMetadataRequest(name=model)
+        return await self.up.model.ModelMetadata(request, timeout=2.0, metadata=UNTRACED)
 
     # -- inference -----------------------------------------------------------------------------------------
 

@@ -150,7 +150,9 @@ class PipelineRunner:
                     return CachedValue(entry.value, entry.model_version, now - entry.stored_at, False), None
         with tracer.start_as_current_span("cache.lookup", attributes={"cache.keys": len(keys)}):
             timeout = deadline.for_hop(self.spec.timeouts.cache_ms, "the cache lookup")
-            hits = await self.up.cache.lookup([k for _, k in keys], self.spec.name, allow_stale=True, timeout_s=timeout)
+            hits = await self.up.cache.lookup(
+                [k for _, k in keys], self.spec.name, allow_stale=True, timeout_s=timeout, metadata=hop_headers(headers)
+            )
         stages["cache"] = (time.perf_counter() - start) * 1e3
         fresh_at = next((i for i, h in enumerate(hits) if h is not None and not h.stale), None)
         stale = next((h for h in hits if h is not None and h.stale), None)
