@@ -31,16 +31,21 @@ def test_fault_variant_aborts_and_delays_at_its_rates(
             outcome = str(exc.status())
         return outcome, time.perf_counter() - start
 
+    # Counted as differences: calls made while the mesh was being readied may have been delayed too.
+    delays_before = mesh.admin.stat("http.model.fault.delays_injected")
+    aborts_before = mesh.admin.stat("http.model.fault.aborts_injected")
     with client_of(mesh.address("model")) as client, ThreadPoolExecutor(4) as pool:
         results = list(pool.map(lambda _: call(client), range(N)))
     aborted = sum(1 for outcome, _ in results if outcome == "StatusCode.UNAVAILABLE")
     assert {outcome for outcome, _ in results} <= {"1", "StatusCode.UNAVAILABLE"}  # the variant routes to v1 only
     assert abs(100 * aborted / N - 10) <= 5, aborted  # abort 10% (never retried: the filter runs before the router)
-    delays = mesh.admin.stat("http.model.fault.delays_injected")
+    delays = mesh.admin.stat("http.model.fault.delays_injected") - delays_before
     assert abs(100 * delays / N - 20) <= 7, delays  # delay 20%
-    assert mesh.admin.stat("http.model.fault.aborts_injected") == aborted
+    assert mesh.admin.stat("http.model.fault.aborts_injected") - aborts_before == aborted
     slow = sum(1 for _, seconds in results if seconds >= 0.049)
-    assert slow >= delays  # each delayed call took at least the 50 ms fixedDelay
+    assert abs(100 * slow / N - 20) <= 7, slow  # the client sees the 50 ms fixedDelay on about 20% of calls
+    # ... and about as many as Envoy counted (a call or two of Envoy's count can differ from what the client saw)
+    assert abs(slow - delays) <= 0.02 * N, (slow, delays)
 
 
 @pytest.fixture()
