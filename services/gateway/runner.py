@@ -16,7 +16,7 @@ from opentelemetry import trace
 
 from services.cache.client import CachedValue
 from services.cache.entry import Entry
-from services.cache.keys import request_key
+from services.cache.keys import request_digest, versioned_key
 from services.cache.l1 import L1Cache
 from services.common.errors import MeshserveError, Unavailable
 from services.common.tensor_codec import NUMPY_DTYPES, encode_raw
@@ -106,13 +106,12 @@ class PipelineRunner:
         self, inputs: Mapping[str, np.ndarray], rows: int, deadline: Deadline, headers: Sequence[tuple[str, str]]
     ) -> Answer:
         """The answer to one request; identical concurrent requests share one computation."""
-        key_material = {name: inputs[name] for name in self.key_inputs}
-        flight_key = request_key(self.spec.name, self.spec.model.name, "*", key_material)
+        flight_key = request_digest({name: inputs[name] for name in self.key_inputs})
         flight = self._flights.get(flight_key)
         if flight is not None:
             metrics.COALESCED.labels(self.spec.name).inc()
             return await asyncio.shield(flight)
-        task = asyncio.ensure_future(self._compute(inputs, key_material, rows, deadline, headers))
+        task = asyncio.ensure_future(self._compute(inputs, flight_key, rows, deadline, headers))
         self._flights[flight_key] = task
         task.add_done_callback(lambda t: self._land(flight_key, t))
         return await asyncio.shield(task)
@@ -125,10 +124,10 @@ class PipelineRunner:
 
     # -- stages --------------------------------------------------------------------------------------------
 
-    def _cache_keys(self, key_material: Mapping[str, np.ndarray]) -> list[tuple[str, bytes]]:
+    def _cache_keys(self, digest: bytes) -> list[tuple[str, bytes]]:
         model = self.spec.model
         versions = [model.version] if model.version else self.versions.current(model.name)
-        return [(v, request_key(self.spec.name, model.name, v, key_material)) for v in versions]
+        return [(v, versioned_key(self.spec.name, model.name, v, digest)) for v in versions]
 
     async def _lookup(
         self,
@@ -247,14 +246,14 @@ class PipelineRunner:
     async def _compute(
         self,
         inputs: Mapping[str, np.ndarray],
-        key_material: Mapping[str, np.ndarray],
+        digest: bytes,
         rows: int,
         deadline: Deadline,
         headers: Sequence[tuple[str, str]],
     ) -> Answer:
         t0 = time.perf_counter()
         stages: dict[str, float] = {}
-        keys = self._cache_keys(key_material)
+        keys = self._cache_keys(digest)
         fresh, stale = await self._lookup(keys, deadline, stages, headers)
         if fresh is not None:
             return self._finish(Answer.from_cache(fresh, "hit"), stages, t0)
@@ -299,7 +298,7 @@ class PipelineRunner:
             answer.degraded = "features_degraded"
             answer.degraded_detail = f"{features_degraded} of {rows} rows used default aggregates"
         elif self.spec.cache.enabled:
-            key = request_key(self.spec.name, model.name, version, key_material)
+            key = versioned_key(self.spec.name, model.name, version, digest)
             self._store_later(key, answer, headers)
         return self._finish(answer, stages, t0)
 
