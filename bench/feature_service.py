@@ -2,9 +2,10 @@
 
 The pipelined path is the real one (FeatureHandler.compute: one Redis round trip per batch, a read script
 walking the rows inside Redis). The naive path, written here, reads the same keys with one awaited Redis
-command per aggregate feature per row (ZRANGEBYSCORE of the window's bucket records, PFCOUNT,
-ZREVRANGEBYSCORE), one after the other, then runs the same vectorised transforms; both must give the same
-matrix. The store is pre-loaded with a week of events over many users, merchants and devices.
+command per aggregate feature per row (ZRANGEBYSCORE of the window's bucket records, PFCOUNT over the
+window's block and bucket HyperLogLogs, ZREVRANGEBYSCORE), one after the other, then runs the same vectorised
+transforms; both must give the same matrix. The store is pre-loaded with a week of events over many users,
+merchants and devices.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from services.feature.featureset import Features, FeatureSet
 from services.feature.handler import FeatureHandler
 from services.feature.settings import FeatureServiceSettings
 from services.feature.spec import Aggregate
-from services.feature.store import AggregateResult, OnlineStore
+from services.feature.store import AggregateResult, OnlineStore, distinct_keys
 
 PREFIX = "feature_service"
 SET_ID = "fraud_v1"
@@ -79,7 +80,7 @@ class NaiveReader:
         b, n = a.bucket_s, a.window_s // a.bucket_s
         now = t // b
         if a.op == "distinct":
-            keys = [f"{self.base}h:{a.entity}:{ids[a.entity]}:{a.field}:{b}:{k}" for k in range(now - n, now)]
+            keys = distinct_keys(self.base, self.fs.plan.distinct_of(a), ids[a.entity], now - n, n)
             return float(await self.client.pfcount(*keys))
         group = self.fs.plan.group_of(a)
         got = await self.client.zrangebyscore(f"{self.base}z:{a.entity}:{ids[a.entity]}:{b}", now - n, now - 1)

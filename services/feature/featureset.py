@@ -80,6 +80,16 @@ class FeatureSet:
             self.slices.append(slice(len(self.names), len(self.names) + len(names)))
             self.names += names
             self.groups += [group_of(f)] * len(names)
+        # the aggregates written all at once: feature indexes, output columns, then_log1p, then_clip bounds
+        aggs = [(i, f) for i, f in enumerate(spec.features) if isinstance(f, Aggregate)]
+        self._agg_index = [i for i, _ in aggs]
+        self._agg_names = [f.name for _, f in aggs]
+        self._agg_columns = np.array([self.slices[i].start for i, _ in aggs], dtype=np.int64)
+        self._agg_defaults = np.array([f.default for _, f in aggs], dtype=np.float64)
+        self._agg_log1p = np.array([f.then_log1p for _, f in aggs], dtype=bool)
+        self._agg_clip = any(f.then_clip is not None for _, f in aggs)
+        self._agg_lo = np.array([f.then_clip[0] if f.then_clip else -np.inf for _, f in aggs], dtype=np.float64)
+        self._agg_hi = np.array([f.then_clip[1] if f.then_clip else np.inf for _, f in aggs], dtype=np.float64)
         self.ingest_fields = sorted(
             {spec.timestamp_field, *spec.entities.values()}
             | {a.field for _, a in self.plan.aggregates if a.field is not None}
@@ -99,16 +109,17 @@ class FeatureSet:
         columns: dict[str, np.ndarray] = {}
         for name in wanted:
             expected = inputs[name]
-            values: list[Scalar] = []
-            for r, row in enumerate(rows):
-                v = row.get(name)
-                if v is None:
-                    kind = "has no value" if name in row else "is missing"
-                    raise InvalidArgument(f"{what} {r}: field {name!r} ({expected}) {kind}")
-                got = PY_TYPE.get(type(v))
-                if got != expected:
-                    raise InvalidArgument(f"{what} {r}: field {name!r} must be {expected}, got {got}")
-                values.append(v)
+            values: list[Scalar | None] = [row.get(name) for row in rows]
+            kinds = set(map(type, values))  # one Python type of the expected kind: every value is valid
+            if len(kinds) != 1 or PY_TYPE.get(kinds.pop()) != expected:
+                for r, row in enumerate(rows):  # name the first bad row and field
+                    v = values[r]
+                    if v is None:
+                        kind = "has no value" if name in row else "is missing"
+                        raise InvalidArgument(f"{what} {r}: field {name!r} ({expected}) {kind}")
+                    got = PY_TYPE.get(type(v))
+                    if got != expected:
+                        raise InvalidArgument(f"{what} {r}: field {name!r} must be {expected}, got {got}")
             col = np.array(values, dtype=NP_DTYPE[expected])
             if expected == "double":
                 bad = ~np.isfinite(col)
@@ -139,10 +150,19 @@ class FeatureSet:
                 defaulted[:] = True
             else:
                 defaulted |= online.defaulted
-            for i, f in enumerate(features):
-                if isinstance(f, Aggregate):
-                    raw = np.full(rows, f.default) if online is None else online.values[i]
-                    self._put(out, values, i, raw)
+            if online is None:
+                x = np.broadcast_to(self._agg_defaults, (rows, len(self._agg_index))).copy()
+            else:
+                x = np.empty((rows, len(self._agg_index)), dtype=np.float64)
+                for j, i in enumerate(self._agg_index):
+                    x[:, j] = online.values[i]
+            # as _put does one column at a time: then_log1p, then_clip
+            x[:, self._agg_log1p] = tf.log1p_pos(x[:, self._agg_log1p])
+            if self._agg_clip:
+                x = np.clip(x, self._agg_lo, self._agg_hi)
+            out[:, self._agg_columns] = x
+            for j, name in enumerate(self._agg_names):
+                values[name] = x[:, j]
         if self.tables:
             with tracer.start_as_current_span("feature.static_lookup", attributes={"feature.rows": rows}):
                 for i, table in self.tables.items():

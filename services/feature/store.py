@@ -5,9 +5,15 @@ Layout (under `<prefix><feature set id>:`), for entity kind E with id I and buck
 - `z:E:I:B`  a sorted set with one member per bucket k = floor(t / B) that holds events, scored k: the
   packed little-endian doubles k, event count, the sum of each summed field, the max of each maxed field;
   pruned of buckets past retention as events arrive. A distinct aggregate has one too (its entity and
-  bucket length), which tells which of its window's buckets hold events.
-- `h:E:I:F:B:k`  a HyperLogLog of the values of F seen in bucket k; read with one PFCOUNT over the
-  window's bucket keys that hold events (merged at read).
+  bucket length), which tells whether its window holds any event (else the count is 0 without a PFCOUNT).
+- `h:E:I:F:B:k`  a HyperLogLog of the values of F seen in bucket k.
+- `H:E:I:F:B:R:j`  (windows of ROLLUP_MIN_BUCKETS buckets or more) a HyperLogLog of the values of F seen in
+  the R buckets jR .. jR + R - 1 (R = ceil(sqrt(buckets)); e.g. 5 for 24 h of 1 h buckets): ingest adds each
+  value to its bucket's and its block's HyperLogLog (same TTL). A distinct count is one PFCOUNT over the
+  keys of the whole blocks inside the window plus the buckets left over at its ends (24 h of 1 h buckets:
+  at most 8 keys, not 24); a union of HyperLogLogs is their register-wise maximum, so this equals PFCOUNT
+  over every bucket's key. R is part of the key: a feature set whose longest window changes R starts
+  its blocks afresh (a new version of the set, as for any change of values).
 - `l:E:I`  a sorted set of the most recent event times (score = member = unix seconds), for as-of
   "seconds since last event".
 
@@ -27,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from itertools import chain
@@ -46,6 +53,7 @@ LAST_SEEN_KEEP = 256  # event times kept per entity for since_last (older as-of 
 MIN_LAST_SEEN_TTL_S = 7 * 86400
 READ_CHUNK_ROWS = 128  # rows per read-script call: bounds how long one call holds Redis
 INGEST_CHUNK_EVENTS = 128  # events per ingest-script call
+ROLLUP_MIN_BUCKETS = 12  # distinct counts over this many buckets or more also keep block HyperLogLogs
 
 # A bucket record as struct.pack(g.fmt, count, sums..., maxes...); an absent bucket reads as `empty`.
 _RECORD = """
@@ -101,6 +109,12 @@ for r = 1, #events do
     local key = prefix .. 'h:' .. d.e .. ':' .. ids[d.e] .. ':' .. d.f .. ':' .. d.b .. ':' .. math.floor(t / d.b)
     redis.call('PFADD', key, vals[d.f])
     redis.call('EXPIRE', key, d.ttl)
+    if d.r > 1 then  -- the block of d.r buckets holding it (the block key lives until its last bucket's expiry)
+      key = prefix .. 'H:' .. d.e .. ':' .. ids[d.e] .. ':' .. d.f .. ':' .. d.b .. ':' .. d.r .. ':'
+        .. math.floor(math.floor(t / d.b) / d.r)
+      redis.call('PFADD', key, vals[d.f])
+      redis.call('EXPIRE', key, d.rttl)
+    end
   end
   for _, e in ipairs(plan.last) do
     local key = prefix .. 'l:' .. e .. ':' .. ids[e]
@@ -122,17 +136,21 @@ return #events
 # members each row has; values lists, row after row, each distinct / since_last aggregate's value (plan order),
 # an integer (-1 where it takes its default). The windowed count / sum / mean / max are computed by the client
 # (numpy). Bucket number texts are built once per call; a distinct count is merged once per entity and window
-# in a call (rows of a batch often share a popular merchant), and only over the buckets that hold events (an
-# event writes its bucket record and its HyperLogLogs together; a bucket pruned from the sorted set, past
-# retention, no longer counts as distinct either). One ZRANGEBYSCORE per bucket group, entity and as-of bucket
-# in a call: rows of a batch that share them (a popular merchant) share the read (the unit tests count them).
-# Server time, 32 rows of fraud_v1: about 2.4 ms against 3.0-3.6 ms for the former hash layout read with an
-# HMGET of every bucket's field (whose arguments alone cost about 0.8 ms).
+# in a call (rows of a batch often share a popular merchant), over the window's block and left-over bucket
+# HyperLogLogs, and not at all when its covering bucket group holds no event in the window (an event writes
+# its bucket record and its HyperLogLogs together). One ZRANGEBYSCORE per bucket group, entity and as-of
+# bucket in a call: rows of a batch that share them (a popular merchant) share the read (the unit tests count
+# them); a group read only for a distinct count (fraud_v1: device / 6 h) is a ZCOUNT. Lua's own work (reply
+# conversion, tables, strings) costs more than the commands themselves, so fewer calls and smaller replies
+# matter most. Server time, 32 rows of fraud_v1 (shared 2-core machine, old and new scripts alternated on the
+# same data): about 2.75 ms against 3.25-3.3 ms for per-bucket PFCOUNT merges with WITHSCORES reads.
 _READ_TEMPLATE = """
--- G: bucket groups {id slot in a row, key head, key tail, bucket s, buckets, member bytes, tracked, records read}
+-- G: bucket groups {id slot in a row, key head, key tail, bucket s, buckets, member bytes, covers a distinct,
+--    records read (else only counted)}
 local G = {$groups}
 -- A: distinct / since_last in reply order. since_last: {true, id slot, key head};
--- distinct: {false, id slot, key head, key middle, bucket s, buckets, covering group or 0}
+-- distinct: {false, id slot, key head, key middle, bucket s, buckets, covering group or 0,
+--            block key head, block key middle, buckets a block (1: no blocks)}
 local A = {$aggs}
 local NENT = $nent
 local floor, unpack, call, concat = math.floor, unpack, redis.call, table.concat
@@ -142,22 +160,17 @@ local function text(k)
   if s == nil then s = string.format('%d', k); digits[k] = s end
   return s
 end
-local function records(g, key, first)  -- {members, how many, their bucket numbers (tracked groups)}
+local function records(g, key, first)  -- {members, how many}
+  if not g[8] then  -- a group only telling a distinct count whether the window holds events: no records
+    return {'', call('ZCOUNT', key, first, first + g[5] - 1)}
+  end
   local size = g[6]
-  if not g[7] then
-    local got = call('ZRANGEBYSCORE', key, first, first + g[5] - 1)
-    local all = concat(got)
-    if #all == #got * size then return {all, #got} end
-    local ok = {}
-    for i = 1, #got do if #got[i] == size then ok[#ok + 1] = got[i] end end
-    return {concat(ok), #ok}
-  end
-  local got = call('ZRANGEBYSCORE', key, first, first + g[5] - 1, 'WITHSCORES')
-  local ok, ks = {}, {}
-  for i = 1, #got, 2 do
-    if #got[i] == size then ok[#ok + 1] = got[i]; ks[#ks + 1] = tonumber(got[i + 1]) end
-  end
-  return {g[8] and concat(ok) or '', #ok, ks}  -- a group only telling distinct counts returns no records
+  local got = call('ZRANGEBYSCORE', key, first, first + g[5] - 1)
+  local all = concat(got)
+  if #all == #got * size then return {all, #got} end
+  local ok = {}
+  for i = 1, #got do if #got[i] == size then ok[#ok + 1] = got[i] end end
+  return {concat(ok), #ok}
 end
 local memo = {}  -- [group][id][first] -> records: rows sharing an entity and as-of bucket share the read
 for gi = 1, #G do memo[gi] = {} end
@@ -187,7 +200,7 @@ for r = 1, #times do
     if byid == nil then byid = {}; memo[gi][id] = byid end
     local hit = byid[first]
     if hit == nil then hit = records(g, g[2] .. id .. g[3], first); byid[first] = hit end
-    present[gi] = hit[3]
+    present[gi] = hit[2]
     local out = recs[gi]
     out[#out + 1] = hit[1]
     ncounts = ncounts + 1
@@ -206,17 +219,21 @@ for r = 1, #times do
       if byid == nil then byid = {}; seen[ai][id] = byid end
       v = byid[first]
       if v == nil then
-        local head = a[3] .. id .. a[4]
-        local keys = {}
-        if a[7] > 0 then  -- only the buckets that hold events have a HyperLogLog
-          local ks = present[a[7]]
-          for i = 1, #ks do
-            if ks[i] >= first then keys[#keys + 1] = head .. text(ks[i]) end
+        local keys, nkeys = {}, 0
+        if a[7] == 0 or present[a[7]] > 0 then  -- (no events in a window covering it: 0, no PFCOUNT)
+          local head, R, last = a[3] .. id .. a[4], a[10], first + a[6] - 1
+          local lo, hi = last + 1, last  -- the whole blocks inside the window: lo .. hi (none: R == 1)
+          if R > 1 then lo = floor((first + R - 1) / R); hi = floor((last + 1) / R) - 1 end
+          if lo > hi then
+            for k = first, last do nkeys = nkeys + 1; keys[nkeys] = head .. text(k) end
+          else
+            for k = first, lo * R - 1 do nkeys = nkeys + 1; keys[nkeys] = head .. text(k) end
+            local bhead = a[8] .. id .. a[9]
+            for j = lo, hi do nkeys = nkeys + 1; keys[nkeys] = bhead .. text(j) end
+            for k = hi * R + R, last do nkeys = nkeys + 1; keys[nkeys] = head .. text(k) end
           end
-        else
-          for k = first, first + a[6] - 1 do keys[#keys + 1] = head .. text(k) end
         end
-        if #keys == 0 then v = 0 else v = call('PFCOUNT', unpack(keys)) end
+        if nkeys == 0 then v = 0 else v = call('PFCOUNT', unpack(keys)) end
         byid[first] = v
       end
     end
@@ -266,6 +283,26 @@ class DistinctGroup:
     bucket_s: int
     buckets: int
 
+    @property
+    def rollup(self) -> int:
+        """Buckets a block HyperLogLog covers (`H:` keys), or 1 (none): about sqrt(buckets), fewest keys a window."""
+        return math.isqrt(self.buckets - 1) + 1 if self.buckets >= ROLLUP_MIN_BUCKETS else 1
+
+
+def distinct_keys(base: str, d: DistinctGroup, entity_id: str, first: int, n: int) -> list[str]:
+    """The keys whose PFCOUNT is the distinct count over buckets first .. first + n - 1 (every bucket's HyperLogLog
+    or, where d keeps blocks, those of the whole blocks inside the window and of the buckets left over)."""
+    head = f"{base}h:{d.entity}:{entity_id}:{d.field}:{d.bucket_s}:"
+    r = d.rollup
+    if r == 1:
+        return [f"{head}{k}" for k in range(first, first + n)]
+    lo, hi = -(-first // r), (first + n) // r - 1  # the whole blocks lo .. hi
+    if lo > hi:
+        return [f"{head}{k}" for k in range(first, first + n)]
+    block = f"{base}H:{d.entity}:{entity_id}:{d.field}:{d.bucket_s}:{r}:"
+    return ([f"{head}{k}" for k in range(first, lo * r)] + [f"{block}{j}" for j in range(lo, hi + 1)]
+            + [f"{head}{k}" for k in range((hi + 1) * r, first + n)])  # fmt: skip
+
 
 @dataclass
 class AggregatePlan:
@@ -309,6 +346,10 @@ class AggregatePlan:
         plan.last_seen_ttl_s = max([MIN_LAST_SEEN_TTL_S, *windows])
         return plan
 
+    def distinct_of(self, a: Aggregate) -> DistinctGroup:
+        return next(d for d in self.distinct
+                    if d.entity == a.entity and d.field == (a.field or "") and d.bucket_s == a.bucket_s)  # fmt: skip
+
     def group_of(self, a: Aggregate) -> BucketGroup:
         return next(g for g in self.groups if g.entity == a.entity and g.bucket_s == a.bucket_s)
 
@@ -334,7 +375,8 @@ class AggregatePlan:
                    "sums": list(g.sum_fields), "maxes": list(g.max_fields), "ttl": (g.buckets + 2) * g.bucket_s,
                    "prune_len": 4 * (g.buckets + 2)}
                   for g in self.groups]  # fmt: skip
-        distinct = [{"e": d.entity, "f": d.field, "b": d.bucket_s, "ttl": (d.buckets + 2) * d.bucket_s}
+        distinct = [{"e": d.entity, "f": d.field, "b": d.bucket_s, "ttl": (d.buckets + 2) * d.bucket_s,
+                     "r": d.rollup, "rttl": (d.buckets + 2) * d.bucket_s}
                     for d in self.distinct]  # fmt: skip
         aggs = []
         for _, a in self.aggregates:
@@ -360,9 +402,11 @@ class AggregatePlan:
             elif a.op == "distinct":
                 gi = self.covering_group(a)
                 covering.add(gi)
+                r = self.distinct_of(a).rollup
                 aggs.append(f"{{false, {slot[a.entity]}, {_lua_text(f'{key_prefix}h:{a.entity}:')}, "
                             f"{_lua_text(f':{a.field}:{a.bucket_s}:')}, {a.bucket_s}, {a.window_s // a.bucket_s}, "
-                            f"{gi}}}")  # fmt: skip
+                            f"{gi}, {_lua_text(f'{key_prefix}H:{a.entity}:')}, "
+                            f"{_lua_text(f':{a.field}:{a.bucket_s}:{r}:')}, {r}}}")  # fmt: skip
         groups = [f"{{{slot[g.entity]}, {_lua_text(f'{key_prefix}z:{g.entity}:')}, {_lua_text(f':{g.bucket_s}')}, "
                   f"{g.bucket_s}, {g.buckets}, {8 * (1 + g.width)}, {_lua_bool(gi + 1 in covering)}, "
                   f"{_lua_bool(gi in read)}}}"
@@ -373,8 +417,8 @@ class AggregatePlan:
     def covering_group(self, a: Aggregate) -> int:
         """The bucket group (1-based) of a distinct aggregate's entity and bucket length spanning its window, or 0.
 
-        An event writes its bucket record and its HyperLogLogs together, so such a group tells which buckets
-        of the window hold events (a bucket pruned from the group, past retention, no longer counts either).
+        An event writes its bucket record and its HyperLogLogs together, so such a group tells whether the
+        window holds events at all (when not, the count is 0 without a PFCOUNT).
         """
         n = a.window_s // a.bucket_s
         return next((gi + 1 for gi, g in enumerate(self.groups)
@@ -424,13 +468,17 @@ def _bucket_table(g: BucketGroup, empty: np.ndarray, members: bytes, counts: np.
     A member is the bucket number then its record (doubles); row r owns counts[r] of them, in row order.
     """
     rows = len(ts)
-    table = np.broadcast_to(empty, (rows, g.buckets, g.width)).copy()
+    table = np.empty((rows, g.buckets, g.width))
+    table[...] = empty
     got = np.frombuffer(members, dtype="<f8").reshape(-1, 1 + g.width)
     if len(got):
         owner = np.repeat(np.arange(rows), counts)
         at = got[:, 0].astype(np.int64) - (ts // g.bucket_s - g.buckets)[owner]
-        inside = (at >= 0) & (at < g.buckets)  # always, unless a member's bucket number disagrees with its score
-        table[owner[inside], at[inside]] = got[inside, 1:]
+        if at.min() >= 0 and at.max() < g.buckets:
+            table[owner, at] = got[:, 1:]
+        else:  # only where a member's bucket number disagrees with its score
+            inside = (at >= 0) & (at < g.buckets)
+            table[owner[inside], at[inside]] = got[inside, 1:]
     return table
 
 
@@ -558,7 +606,7 @@ class OnlineStore:
         """Every aggregate of every row as of the row's event time, in one pipelined round trip.
 
         The feature set's read script walks the rows inside Redis (one ZRANGEBYSCORE of the window's bucket
-        records per bucket group, PFCOUNT over the HyperLogLogs of the window's buckets that hold events,
+        records per bucket group, PFCOUNT over the HyperLogLogs of the window's blocks and left-over buckets,
         ZREVRANGEBYSCORE for the last event before t) and returns the bucket records of all its rows as one
         binary string per group (windowed here with numpy) and one integer per row and distinct / since_last
         aggregate. One script call per READ_CHUNK_ROWS rows, all sent at once (one command, or one pipeline).

@@ -191,3 +191,63 @@ async def test_buckets_expire_after_their_window(valkey: ValkeyServer, tmp_path:
     finally:
         client.close()
         await handler.close()
+
+
+ROLLUP_YAML = """\
+name: roll
+version: 1
+timestamp_field: ts
+inputs: {ts: int64, user: string, merchant: string}
+entities: {user: user, merchant: merchant}
+features:
+  - {name: u_merchants_20m, kind: aggregate, entity: user, op: distinct, field: merchant, window: 20m, bucket: 1m}
+  - {name: u_merchants_13m, kind: aggregate, entity: user, op: distinct, field: merchant, window: 13m, bucket: 1m}
+  - {name: m_users_30m, kind: aggregate, entity: merchant, op: distinct, field: user, window: 30m, bucket: 1m}
+  - {name: m_count_30m, kind: aggregate, entity: merchant, op: count, window: 30m, bucket: 1m}
+"""
+
+
+async def test_distinct_block_rollups_equal_per_bucket_merge(valkey: ValkeyServer, tmp_path: Path) -> None:
+    """Distinct counts over windows of 12 buckets or more read the whole aligned blocks' HyperLogLogs (`H:` keys)
+    plus the buckets left over: the same registers as PFCOUNT over every bucket's HyperLogLog, so the same value,
+    for small (exact) and large (dense, estimated) sets and every alignment of the window on the blocks."""
+    (tmp_path / "roll_v1.yaml").write_text(ROLLUP_YAML)
+    handler = FeatureHandler(feature_settings(features_dir=tmp_path), valkey.connection_url)
+    client = redis.Redis.from_url(valkey.connection_url)
+    try:
+        await handler.store.client.flushall()
+        rng = np.random.default_rng(3)
+        span = 50 * 60
+        small = [Event(BASE + int(s), f"u{int(s) % 3}", f"m{rng.integers(0, 40)}", 1.0)
+                 for s in rng.integers(0, span, 400)]  # fmt: skip
+        big = [Event(BASE + int(s), f"x{i}", "busy", 1.0) for i, s in enumerate(rng.integers(0, span, 6000))]
+        events = sorted(small + big, key=lambda e: e.ts)
+        for i in range(0, len(events), 500):
+            await handler.ingest("roll_v1", [e.row() for e in events[i : i + 500]])
+        fs = handler.feature_set("roll_v1")
+        assert {d.rollup for d in fs.plan.distinct} == {5, 6}
+        assert client.keys("*:H:*"), "no block HyperLogLogs were written"
+        times = list(range(BASE - 60, BASE + span + 200, 37))  # every alignment of the windows on the blocks
+        queries = [(t, f"u{i % 4}", "busy" if i % 2 else f"m{i % 40}") for i, t in enumerate(times)]
+        rows = [{"ts": t, "user": u, "merchant": m} for t, u, m in queries]
+        result = await handler.compute("roll_v1", rows)
+        assert not result.degraded.any()
+        base = f"{handler.store.prefix}roll_v1:"
+        for col, f in enumerate(fs.spec.features):
+            assert isinstance(f, Aggregate)
+            b, n = parse_duration(f.bucket or ""), parse_duration(f.window) // parse_duration(f.bucket or "")
+            for r, (t, u, m) in enumerate(queries):
+                key = u if f.entity == "user" else m
+                got = float(result.matrix[r, col])
+                if f.op == "distinct":
+                    every = [f"{base}h:{f.entity}:{key}:{f.field}:{b}:{k}" for k in range(t // b - n, t // b)]
+                    assert got == float(client.pfcount(*every)), (f.name, t, key)
+                    if key != "busy":  # small sets: HyperLogLogs count exactly
+                        inside = {getattr(e, f.field or "") for e in events
+                                  if getattr(e, f.entity) == key and t // b - n <= e.ts // b < t // b}  # fmt: skip
+                        assert got == len(inside), (f.name, t, key)
+                else:
+                    assert got == reference(events, f, key, t), (f.name, t, key)
+    finally:
+        client.close()
+        await handler.close()
