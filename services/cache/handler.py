@@ -20,6 +20,7 @@ from services.cache.l1 import L1Cache
 from services.cache.redis_tier import FAILURES, RedisTier
 from services.cache.settings import CacheServiceSettings
 from services.common.errors import InvalidArgument
+from services.common.tracing import child_span
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("services.cache")
@@ -124,7 +125,7 @@ class CacheHandler:
         if budget_ms < 0:
             raise InvalidArgument(f"budget_ms {budget_ms} is negative")
         start = time.perf_counter()
-        with tracer.start_as_current_span("cache.lookup") as span:
+        with child_span(tracer, "cache.lookup") as span:
             results = await self._lookup(
                 keys, pipeline, allow_stale, (budget_ms or self.settings.lookup_budget_ms) / 1e3
             )
@@ -192,7 +193,7 @@ class CacheHandler:
         self._check_keys([item.key for item in items])
         for i, item in enumerate(items):
             self._check_item(i, item)
-        with tracer.start_as_current_span("cache.store") as span:
+        with child_span(tracer, "cache.store") as span:
             now = time.time()
             pairs = []
             for item in items:

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+from collections.abc import Mapping
+from contextlib import AbstractContextManager
+from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
@@ -45,3 +49,13 @@ def shutdown_tracing(provider: TracerProvider | None) -> None:
     """Flush and stop the exporter (at the end of a graceful shutdown)."""
     if provider is not None:
         provider.shutdown()
+
+
+def child_span(
+    tracer: trace.Tracer, name: str, attributes: Mapping[str, Any] | None = None
+) -> AbstractContextManager[trace.Span]:
+    """A child of the current span when that one is sampled; otherwise no span at all, so unsampled requests
+    (and services with tracing off) pay nothing. Works after the parent ended (off-path work such as a store)."""
+    if not trace.get_current_span().get_span_context().trace_flags.sampled:
+        return contextlib.nullcontext(trace.INVALID_SPAN)
+    return tracer.start_as_current_span(name, attributes=attributes)

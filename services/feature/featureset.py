@@ -11,6 +11,7 @@ import numpy as np
 from opentelemetry import trace
 
 from services.common.errors import InvalidArgument
+from services.common.tracing import child_span
 from services.feature import transforms as tf
 from services.feature.spec import (
     Aggregate,
@@ -164,14 +165,14 @@ class FeatureSet:
             for j, name in enumerate(self._agg_names):
                 values[name] = x[:, j]
         if self.tables:
-            with tracer.start_as_current_span("feature.static_lookup", attributes={"feature.rows": rows}):
+            with child_span(tracer, "feature.static_lookup", {"feature.rows": rows}):
                 for i, table in self.tables.items():
                     f = features[i]
                     assert isinstance(f, Lookup)
                     raw, missing = tf.lookup(columns[f.input], table, f.default)
                     defaulted |= missing
                     self._put(out, values, i, raw)
-        with tracer.start_as_current_span("feature.request_transforms", attributes={"feature.rows": rows}):
+        with child_span(tracer, "feature.request_transforms", {"feature.rows": rows}):
             for i, f in enumerate(features):
                 if group_of(f) != REQUEST:
                     continue

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from opentelemetry import trace
 
 from services.common.errors import InvalidArgument, NotFound, Unavailable
+from services.common.tracing import child_span
 from services.feature import metrics
 from services.feature.featureset import Features, FeatureSet, Scalar, load_feature_sets
 from services.feature.settings import FeatureServiceSettings
@@ -67,9 +68,7 @@ class FeatureHandler:
         trips = 0
         if fs.has_aggregates:
             before = self.store.round_trips
-            with tracer.start_as_current_span(
-                "feature.online_lookup", attributes={"feature.rows": len(rows), "feature.set": set_id}
-            ):
+            with child_span(tracer, "feature.online_lookup", {"feature.rows": len(rows), "feature.set": set_id}):
                 if self.settings.fault_delay_ms > 0:  # fault injection (drills, tracing tests)
                     await asyncio.sleep(self.settings.fault_delay_ms / 1e3)
                 try:

@@ -20,6 +20,7 @@ from services.cache.keys import request_digest, versioned_key
 from services.cache.l1 import L1Cache
 from services.common.errors import MeshserveError, Unavailable
 from services.common.tensor_codec import NUMPY_DTYPES, encode_raw
+from services.common.tracing import child_span
 from services.gateway import metrics
 from services.gateway.inputs import feature_rows
 from services.gateway.pipeline import PipelineSpec
@@ -147,7 +148,7 @@ class PipelineRunner:
                 if entry is not None and entry.fresh(now):
                     stages["cache"] = (time.perf_counter() - start) * 1e3
                     return CachedValue(entry.value, entry.model_version, now - entry.stored_at, False), None
-        with tracer.start_as_current_span("cache.lookup", attributes={"cache.keys": len(keys)}):
+        with child_span(tracer, "cache.lookup", {"cache.keys": len(keys)}):
             timeout = deadline.for_hop(self.spec.timeouts.cache_ms, "the cache lookup")
             hits = await self.up.cache.lookup(
                 [k for _, k in keys], self.spec.name, allow_stale=True, timeout_s=timeout, metadata=hop_headers(headers)
@@ -180,7 +181,7 @@ class PipelineRunner:
         request = fpb.ComputeRequest(
             feature_set=stage.feature_set, rows=feature_rows(self.spec, inputs, rows), budget_ms=stage.budget_ms
         )
-        with tracer.start_as_current_span("features", attributes={"feature.set": stage.feature_set, "rows": rows}):
+        with child_span(tracer, "features", {"feature.set": stage.feature_set, "rows": rows}):
             response = await self.up.feature.Compute(request, timeout=timeout, metadata=hop_headers(headers))
         degraded = sum(1 for f in response.flags if f.degraded)
         return response.features, response.columns, degraded
@@ -209,7 +210,7 @@ class PipelineRunner:
             timeout = deadline.for_hop(self.spec.timeouts.model_ms, f"calling model {name!r}")
         except MeshserveError as exc:
             raise ModelFailure("model_timeout", exc) from exc
-        with tracer.start_as_current_span("model", attributes={"model.name": name, "model.version": version}):
+        with child_span(tracer, "model", {"model.name": name, "model.version": version}):
             try:
                 metadata = hop_headers((*headers, ("x-model-version", version)) if version else headers)
                 response = await self.up.model.ModelInfer(request, timeout=timeout, metadata=metadata)
@@ -357,7 +358,7 @@ class PipelineRunner:
 
     async def _store(self, key: bytes, value: bytes, version: str, headers: Sequence[tuple[str, str]]) -> bool:
         policy = self.spec.cache
-        with tracer.start_as_current_span("cache.store"):
+        with child_span(tracer, "cache.store"):
             return await self.up.cache.store(
                 key, value, pipeline=self.spec.name, model_name=self.spec.model.name, model_version=version,
                 ttl_s=policy.ttl_s, stale_ttl_s=policy.stale_s, metadata=hop_headers(headers),

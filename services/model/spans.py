@@ -18,8 +18,10 @@ _tracer: trace.Tracer | None = None
 
 
 def capture() -> Context | None:
-    """The caller's trace context when tracing is on (None costs nothing later)."""
+    """The caller's trace context when its span is sampled and tracing is on (None costs nothing later)."""
     global _tracer
+    if not trace.get_current_span().get_span_context().trace_flags.sampled:
+        return None  # unsampled (or tracing off): nothing to record
     provider = trace.get_tracer_provider()
     if not isinstance(provider, TracerProvider):
         return None

@@ -178,13 +178,16 @@ async def test_a_span_per_feature_group(make_handler: Make, monkeypatch: pytest.
     monkeypatch.setattr(featureset, "tracer", provider.get_tracer("test"))
     monkeypatch.setattr(handler_module, "tracer", provider.get_tracer("test"))
     handler = make_handler()
-    await handler.compute("fraud_v1", [fraud_row()] * 3)
-    spans = {s.name: dict(s.attributes or {}) for s in exporter.get_finished_spans()}
+    with provider.get_tracer("test").start_as_current_span("rpc"):  # the server span of a sampled request
+        await handler.compute("fraud_v1", [fraud_row()] * 3)
+    spans = {s.name: dict(s.attributes or {}) for s in exporter.get_finished_spans() if s.name != "rpc"}
     assert spans == {
         "feature.online_lookup": {"feature.rows": 3, "feature.set": "fraud_v1"},
         "feature.static_lookup": {"feature.rows": 3},
         "feature.request_transforms": {"feature.rows": 3},
     }
+    await handler.compute("fraud_v1", [fraud_row()] * 3)  # no sampled parent: no spans, no cost
+    assert len(exporter.get_finished_spans()) == 4
 
 
 async def test_a_fault_delay_slows_the_online_lookup_without_degrading(
