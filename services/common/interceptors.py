@@ -64,11 +64,20 @@ class ErrorAndMetricsInterceptor(_CachingInterceptor):
     outlier-detection policies see UNAVAILABLE / RESOURCE_EXHAUSTED / INVALID_ARGUMENT consistently.
     """
 
-    def __init__(self, service: str) -> None:
+    def __init__(self, service: str, tracer_provider: trace.TracerProvider | None = None) -> None:
         super().__init__()
         self.metrics = RpcMetrics(service)
+        # With a tracer provider, this one interceptor also traces (outermost), which costs one interceptor
+        # hop per RPC less than stacking TracingInterceptor in front of it.
+        self.tracing = TracingInterceptor(tracer_provider) if tracer_provider is not None else None
 
     def _wrap(self, method: str, behavior: Behavior) -> Behavior:
+        mapped = self._map_errors(method, behavior)
+        if self.tracing is None:
+            return mapped
+        return self.tracing._wrap(method, mapped) or mapped
+
+    def _map_errors(self, method: str, behavior: Behavior) -> Behavior:
         short = method.rsplit("/", 1)[-1]
         observe = self.metrics.observe
 

@@ -11,7 +11,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from services.common.interceptors import ErrorAndMetricsInterceptor, TracingInterceptor
+from services.common.interceptors import ErrorAndMetricsInterceptor
 from services.common.metrics import start_metrics_server
 from services.common.settings import ServiceSettings
 from services.common.tracing import setup_tracing, shutdown_tracing
@@ -58,11 +58,9 @@ class GrpcService:
         self.service_names = list(service_names)
         self.lifecycle = Lifecycle()
         self.tracer_provider = setup_tracing(name)
-        # Tracing outermost, so the server span is current while errors are mapped and latency observed
-        # (latency histograms carry the trace id as an exemplar).
-        interceptors: list[grpc.aio.ServerInterceptor] = [ErrorAndMetricsInterceptor(name)]
-        if self.tracer_provider is not None:
-            interceptors.insert(0, TracingInterceptor(self.tracer_provider))
+        # One interceptor: tracing outermost (the server span is current while errors are mapped and latency is
+        # observed, so latency histograms carry the trace id as an exemplar), then errors and metrics.
+        interceptors: list[grpc.aio.ServerInterceptor] = [ErrorAndMetricsInterceptor(name, self.tracer_provider)]
         self.server = grpc.aio.server(
             interceptors=interceptors,
             options=server_options(settings),

@@ -16,7 +16,7 @@ from prometheus_client import REGISTRY
 from prometheus_client.openmetrics.exposition import generate_latest
 
 from services.common.errors import InvalidArgument
-from services.common.interceptors import ErrorAndMetricsInterceptor, TracingInterceptor
+from services.common.interceptors import ErrorAndMetricsInterceptor
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT = "00f067aa0ba902b7"
@@ -35,7 +35,7 @@ async def served() -> AsyncIterator[tuple[grpc.aio.Channel, InMemorySpanExporter
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    server = grpc.aio.server(interceptors=[TracingInterceptor(provider), ErrorAndMetricsInterceptor("tracetest")])
+    server = grpc.aio.server(interceptors=[ErrorAndMetricsInterceptor("tracetest", provider)])
     handlers = {
         "Ok": grpc.unary_unary_rpc_method_handler(ok),
         "Bad": grpc.unary_unary_rpc_method_handler(bad),
