@@ -39,6 +39,10 @@ class SingleFlight(Generic[T]):
     def __len__(self) -> int:
         return len(self._inflight)
 
+    def __contains__(self, key: Hashable) -> bool:
+        """A computation for `key` is in flight (a `do` now joins it)."""
+        return key in self._inflight
+
     async def do(self, key: Hashable, compute: Callable[[], Awaitable[T]]) -> T:
         task = self._inflight.get(key)
         if task is None:

@@ -30,19 +30,25 @@ class Lifecycle:
         self.draining = False
 
 
-def server_options(settings: ServiceSettings) -> list[tuple[str, int]]:
-    """Channel arguments: message-size limits and keepalive (pings allowed from Envoy's idle connections)."""
-    options = [
+def transport_options(settings: ServiceSettings) -> list[tuple[str, int]]:
+    """Message-size limits and keepalive, for servers and for the channels a service opens to others."""
+    return [
         ("grpc.max_receive_message_length", settings.max_message_bytes),
         ("grpc.max_send_message_length", settings.max_message_bytes),
         ("grpc.keepalive_time_ms", int(settings.keepalive_time_s * 1000)),
         ("grpc.keepalive_timeout_ms", int(settings.keepalive_timeout_s * 1000)),
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.http2.max_pings_without_data", 0),
+    ]
+
+
+def server_options(settings: ServiceSettings) -> list[tuple[str, int]]:
+    """Server arguments: transport_options, pings allowed from Envoy's idle connections, SO_REUSEPORT."""
+    return [
+        *transport_options(settings),
         ("grpc.http2.min_ping_interval_without_data_ms", 5000),
         ("grpc.so_reuseport", 1 if settings.reuse_port else 0),
     ]
-    return options
 
 
 class GrpcService:

@@ -14,7 +14,7 @@ import grpc
 import numpy as np
 from opentelemetry import trace
 
-from services.cache.client import CachedValue
+from services.cache.client import CachedValue, SingleFlight
 from services.cache.entry import Entry
 from services.cache.keys import request_digest, versioned_key
 from services.cache.l1 import L1Cache
@@ -98,7 +98,7 @@ class PipelineRunner:
         self.model_inputs = spec.model_inputs()
         self.key_inputs = spec.cache.key_inputs or [i.name for i in spec.inputs]
         self.model_outputs: dict[str, OutputSpec] = {}  # filled from ModelMetadata (see Gateway.refresh)
-        self._flights: dict[bytes, asyncio.Future[Answer]] = {}
+        self._flights: SingleFlight[Answer] = SingleFlight()
         self._stores: set[asyncio.Task[bool]] = set()
 
     # -- entry point ---------------------------------------------------------------------------------------
@@ -108,20 +108,9 @@ class PipelineRunner:
     ) -> Answer:
         """The answer to one request; identical concurrent requests share one computation."""
         flight_key = request_digest({name: inputs[name] for name in self.key_inputs})
-        flight = self._flights.get(flight_key)
-        if flight is not None:
+        if flight_key in self._flights:
             metrics.COALESCED.labels(self.spec.name).inc()
-            return await asyncio.shield(flight)
-        task = asyncio.ensure_future(self._compute(inputs, flight_key, rows, deadline, headers))
-        self._flights[flight_key] = task
-        task.add_done_callback(lambda t: self._land(flight_key, t))
-        return await asyncio.shield(task)
-
-    def _land(self, key: bytes, task: asyncio.Future[Answer]) -> None:
-        if self._flights.get(key) is task:
-            del self._flights[key]
-        if not task.cancelled():
-            task.exception()  # seen by every waiter; do not log it as unretrieved
+        return await self._flights.do(flight_key, lambda: self._compute(inputs, flight_key, rows, deadline, headers))
 
     # -- stages --------------------------------------------------------------------------------------------
 

@@ -10,6 +10,7 @@ from opentelemetry import propagate
 
 from services.cache.client import CacheClient
 from services.common.errors import DeadlineExceeded, MeshserveError, error_with_code
+from services.common.server import transport_options
 from services.gateway.settings import GatewaySettings
 from services.protos import feature_pb2_grpc, inference_pb2_grpc
 
@@ -20,12 +21,7 @@ PASSED_HEADERS = ("x-canary", "traceparent", "tracestate", "baggage", "x-request
 
 def channel_options(settings: GatewaySettings) -> list[tuple[str, int]]:
     return [
-        ("grpc.max_receive_message_length", settings.max_message_bytes),
-        ("grpc.max_send_message_length", settings.max_message_bytes),
-        ("grpc.keepalive_time_ms", int(settings.keepalive_time_s * 1000)),
-        ("grpc.keepalive_timeout_ms", int(settings.keepalive_timeout_s * 1000)),
-        ("grpc.keepalive_permit_without_calls", 1),
-        ("grpc.http2.max_pings_without_data", 0),
+        *transport_options(settings),
         # Reconnect within a second or two when a service comes back (grpc's default backoff grows to 120 s).
         ("grpc.initial_reconnect_backoff_ms", 100),
         ("grpc.min_reconnect_backoff_ms", 100),
