@@ -107,6 +107,16 @@ class ErrorAndMetricsInterceptor(_CachingInterceptor):
         return wrapped
 
 
+def _unsampled(traceparent: str | None) -> bool:
+    """A well-formed W3C traceparent (version 00) whose sampled flag is off."""
+    if traceparent is None or len(traceparent) != 55 or not traceparent.startswith("00-"):
+        return False
+    try:
+        return not int(traceparent[53:55], 16) & 1
+    except ValueError:  # malformed: let the propagator judge it
+        return False
+
+
 class _MetadataGetter:
     """Reads W3C trace context (traceparent/tracestate) from gRPC invocation metadata."""
 
@@ -136,6 +146,10 @@ class TracingInterceptor(_CachingInterceptor):
 
         async def traced(request: Any, context: grpc.aio.ServicerContext) -> Any:
             metadata = {k: v for k, v in (context.invocation_metadata() or ()) if isinstance(v, str)}
+            if _unsampled(metadata.get("traceparent")):
+                # The caller decided not to sample: no span (nothing would be exported), no context to attach;
+                # the gateway passes the header on as it came, so the whole request stays unsampled.
+                return await behavior(request, context)
             parent = propagate.extract(metadata, getter=getter)
             token = otel_context.attach(parent)
             try:

@@ -78,3 +78,20 @@ async def test_health_checks_are_not_traced_and_unsampled_calls_export_nothing(s
     await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest())
     await channel.unary_unary("/test.Echo/Ok")(b"x", metadata=(("traceparent", f"00-{TRACE_ID}-{PARENT}-00"),))
     assert exporter.get_finished_spans() == ()
+
+
+@pytest.mark.parametrize(
+    ("header", "unsampled"),
+    [
+        (f"00-{TRACE_ID}-{PARENT}-00", True),
+        (f"00-{TRACE_ID}-{PARENT}-02", True),
+        (f"00-{TRACE_ID}-{PARENT}-01", False),
+        (f"00-{TRACE_ID}-{PARENT}-zz", False),
+        ("garbage", False),
+        (None, False),
+    ],
+)
+def test_only_a_well_formed_unsampled_traceparent_skips_the_span(header: str | None, unsampled: bool) -> None:
+    from services.common.interceptors import _unsampled
+
+    assert _unsampled(header) is unsampled
