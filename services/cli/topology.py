@@ -95,9 +95,18 @@ class Topology(BaseModel):
         else base+90.
         """
 
+        taken: set[int] = set()
+
+        def fresh() -> int:
+            """A free port not handed out before (the OS may offer a just-released port again)."""
+            while (p := free_port(host)) in taken:
+                pass
+            taken.add(p)
+            return p
+
         def port(offset: int) -> tuple[int, int]:
             if port_base == 0:
-                return free_port(host), free_port(host)
+                return fresh(), fresh()
             return port_base + offset, port_base + offset + METRICS_OFFSET
 
         replicas = []
@@ -113,7 +122,7 @@ class Topology(BaseModel):
         g, gm = port(0)
         if gateway_port is not None:
             g = gateway_port
-            gm = free_port(host) if port_base == 0 else gateway_port + METRICS_OFFSET
+            gm = fresh() if port_base == 0 else gateway_port + METRICS_OFFSET
         f, fm = port(2)
         c, cm = port(3)
         mesh_ports = {}

@@ -97,3 +97,15 @@ def test_redis_passwords_are_not_printed() -> None:
     assert redact("redis://user:secret@h:6379/0") == "redis://user:***@h:6379/0"
     assert redact("rediss://:pw@h:1") == "rediss://:***@h:1"
     assert redact("redis://127.0.0.1:16381") == "redis://127.0.0.1:16381"
+
+
+def test_free_port_layouts_never_repeat_a_port(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import services.cli.topology as topology
+
+    offered = iter([40001, 40001, 40002, 40002, *range(40003, 40100)])  # the OS offering a released port again
+    monkeypatch.setattr(topology, "free_port", lambda host="127.0.0.1": next(offered))
+    t = Topology.local(0, models_dir=tmp_path, mesh=True, traces=True)
+    ports = [t.gateway_port, t.gateway_metrics_port, t.feature_port, t.feature_metrics_port, t.cache_port,
+             t.cache_metrics_port, t.ingress_port, t.admin_port, t.traces_port, *t.listen_ports.values(),
+             *(p for r in t.replicas for p in (r.port, r.metrics_port))]  # fmt: skip
+    assert len(ports) == len(set(ports))
