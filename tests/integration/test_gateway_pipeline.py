@@ -200,6 +200,17 @@ def test_perf_analyzer_runs_against_the_fraud_pipeline(stack: Stack, tmp_path: P
     assert result.has_server_stats
 
 
+def wait_until_normal(stack: Stack, what: str, timeout_s: float = 30.0) -> dict:
+    """New requests until one is answered without degradation (its parameters); fails after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        p = params(infer(stack, transaction(200, user=f"back-{time.monotonic()}")))
+        if "degraded" not in p:
+            return p
+        assert time.monotonic() < deadline, f"still degraded {timeout_s:.0f} s after {what} returned: {p}"
+        time.sleep(0.5)
+
+
 def test_redis_killed_requests_still_succeed_then_recover(stack: Stack) -> None:
     port = stack.valkey.port
     stack.valkey.stop()
@@ -211,13 +222,7 @@ def test_redis_killed_requests_still_succeed_then_recover(stack: Stack) -> None:
     finally:
         stack.valkey = ValkeyServer(port=port)
         stack.valkey.start()
-    deadline = time.monotonic() + 30
-    while True:
-        p = params(infer(stack, transaction(200, user=f"redis-back-{time.monotonic()}")))
-        if "degraded" not in p:
-            break
-        assert time.monotonic() < deadline, f"still degraded 30 s after Redis returned: {p}"
-        time.sleep(0.5)
+    wait_until_normal(stack, "Redis")
 
 
 def test_model_killed_answers_are_degraded_then_normal_again(stack: Stack) -> None:
@@ -230,11 +235,4 @@ def test_model_killed_answers_are_degraded_then_normal_again(stack: Stack) -> No
         assert p["degraded"].endswith(("default", "stale_cache", "fallback_model"))
         assert result.as_numpy("score").shape == (1, 1)
     stack.model = stack.start_model()
-    deadline = time.monotonic() + 30
-    while True:
-        p = params(infer(stack, transaction(400, user=f"model-back-{time.monotonic()}")))
-        if "degraded" not in p:
-            break
-        assert time.monotonic() < deadline, f"still degraded 30 s after the model returned: {p}"
-        time.sleep(0.5)
-    assert p["model_version"] in ("1", "2")
+    assert wait_until_normal(stack, "the model")["model_version"] in ("1", "2")
