@@ -2,10 +2,10 @@
 
 The pipelined path is the real one (FeatureHandler.compute: one Redis round trip per batch, a read script
 walking the rows inside Redis). The naive path, written here, reads the same keys with one awaited Redis
-command per aggregate feature per row (ZRANGEBYSCORE of the window's bucket records, PFCOUNT over the
-window's block and bucket HyperLogLogs, ZREVRANGEBYSCORE), one after the other, then runs the same vectorised
-transforms; both must give the same matrix. The store is pre-loaded with a week of events over many users,
-merchants and devices.
+command per aggregate feature per row (ZRANGEBYSCORE of the window's bucket records in its group's band,
+PFCOUNT over the window's block and bucket HyperLogLogs, ZREVRANGEBYSCORE), one after the other, then runs the
+same vectorised transforms; both must give the same matrix. The store is pre-loaded with a week of events over
+many users, merchants and devices.
 """
 
 from __future__ import annotations
@@ -82,9 +82,11 @@ class NaiveReader:
         if a.op == "distinct":
             keys = distinct_keys(self.base, self.fs.plan.distinct_of(a), ids[a.entity], now - n, n)
             return float(await self.client.pfcount(*keys))
-        group = self.fs.plan.group_of(a)
-        got = await self.client.zrangebyscore(f"{self.base}z:{a.entity}:{ids[a.entity]}:{b}", now - n, now - 1)
-        records = [struct.unpack("<" + "d" * group.width, v[8:]) for v in got]  # bucket number, then the record
+        plan = self.fs.plan
+        gi = plan.groups.index(plan.group_of(a))
+        lo, hi = sorted((plan.score_of(gi, now - n), plan.score_of(gi, now - 1)))  # the window in the group's band
+        got = await self.client.zrangebyscore(f"{self.base}b:{a.entity}:{ids[a.entity]}", lo, hi)
+        records = [struct.unpack("<" + "d" * plan.entity_width(a.entity), v[8:]) for v in got]  # after the score
         col = self.fs.plan.column_of(a)
         if a.op in ("count", "sum"):
             return float(sum(r[col] for r in records))

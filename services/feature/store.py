@@ -1,10 +1,15 @@
 """The online store: per-entity aggregates in Redis as time-bucketed structures with TTLs.
 
-Layout (under `<prefix><feature set id>:`), for entity kind E with id I and bucket length B seconds:
+Layout (under `<prefix><feature set id>:`), for entity kind E with id I:
 
-- `z:E:I:B`  a sorted set with one member per bucket k = floor(t / B) that holds events, scored k: the
-  packed little-endian doubles k, event count, the sum of each summed field, the max of each maxed field;
-  pruned of buckets past retention as events arrive. A distinct aggregate has one too (its entity and
+- `b:E:I`  one sorted set of every bucket group of E (its aggregates sharing a bucket length B): a member per
+  bucket k = floor(t / B) that holds events, scored in the group's own score range (its band: its place among
+  E's groups): band * BAND + k for even bands, band * BAND + BAND - 1 - k (newest first) for odd ones. So
+  the windows of two neighbouring bands (even then odd) are one contiguous score range holding nothing else
+  older: one ZRANGEBYSCORE reads both. A member is the packed little-endian doubles of its score, then the
+  event count, the sum of each summed field, the max of each maxed field, zero-padded to E's widest record
+  (all of E's members are one size). Each band is pruned of buckets past its retention as events arrive, and
+  the key lives as long as E's longest-lived group. A distinct aggregate has a group too (its entity and
   bucket length), which tells whether its window holds any event (else the count is 0 without a PFCOUNT).
 - `h:E:I:F:B:k`  a HyperLogLog of the values of F seen in bucket k.
 - `H:E:I:F:B:R:j`  (windows of ROLLUP_MIN_BUCKETS buckets or more) a HyperLogLog of the values of F seen in
@@ -19,11 +24,11 @@ Layout (under `<prefix><feature set id>:`), for entity kind E with id I and buck
 
 Ingest writes a whole batch in one MULTI/EXEC transaction of ingest-script calls. A read (Compute)
 runs the feature set's read script (its static read plan written into the source) once per chunk of rows,
-in one round trip whatever the batch size. Per row and bucket group the script fetches the window's
-members with one ZRANGEBYSCORE (only the buckets that hold events: no field names to send, no absent
-buckets to fill) and returns them as one binary string per group; the client scatters them into
-(rows, buckets, columns) tables and windows counts, sums, means and maxima in numpy. Distinct counts and
-since-last values come back as integers.
+in one round trip whatever the batch size. Per row and pair of bands the script fetches, with one
+ZRANGEBYSCORE, the members of both windows (only buckets that hold events: no field names to send, no absent
+buckets to fill; with them only buckets after the windows, which a read as of now has none of) and returns
+them as one binary string per pair; the client sums each window's members into their rows in numpy (counts,
+sums, means, maxima). Distinct counts and since-last values come back as integers.
 A window of W = n * B seconds as of time t is the n whole buckets before the bucket holding t, so
 later events (and the row's own) never leak into its features; since_last counts events strictly
 before t. Ids are put in keys as they are (an id containing ':' could alias another entity's keys).
@@ -54,13 +59,16 @@ MIN_LAST_SEEN_TTL_S = 7 * 86400
 READ_CHUNK_ROWS = 128  # rows per read-script call: bounds how long one call holds Redis
 INGEST_CHUNK_EVENTS = 128  # events per ingest-script call
 ROLLUP_MIN_BUCKETS = 12  # distinct counts over this many buckets or more also keep block HyperLogLogs
+BAND = 2**38  # score range of one bucket group in its entity's sorted set (> any bucket number: times < 2**37)
+MAX_BANDS = 256  # bucket groups an entity may have (scores stay integers Lua prints exactly)
 
-# A bucket record as struct.pack(g.fmt, count, sums..., maxes...); an absent bucket reads as `empty`.
+# A bucket record as struct.pack(g.fmt, count, sums..., maxes..., padding zeros); an absent bucket reads as `empty`.
 _RECORD = """
 local function empty_record(g)
   local rec = {0}
   for _ = 1, #g.sums do rec[#rec + 1] = 0 end
   for _ = 1, #g.maxes do rec[#rec + 1] = -math.huge end
+  for _ = 1, g.pad do rec[#rec + 1] = 0 end
   return rec
 end
 """
@@ -72,6 +80,7 @@ _INGEST = (
     + """
 local plan = cjson.decode(ARGV[1])
 local events = cjson.decode(ARGV[2])
+local BAND = plan.band
 local prefix = plan.prefix
 local nent = #plan.entities
 for r = 1, #events do
@@ -82,8 +91,11 @@ for r = 1, #events do
   local vals = ev[nent + 2]
   for _, g in ipairs(plan.groups) do
     local k = math.floor(t / g.b)
-    local key = prefix .. 'z:' .. g.e .. ':' .. ids[g.e] .. ':' .. g.b
-    local old = redis.call('ZRANGEBYSCORE', key, k, k)
+    local key = prefix .. 'b:' .. g.e .. ':' .. ids[g.e]
+    local at = g.band + k  -- the bucket's score: newest first in odd bands
+    if g.down then at = g.band + BAND - 1 - k end
+    local score = string.format('%d', at)
+    local old = redis.call('ZRANGEBYSCORE', key, score, score)
     local rec
     if #old == 1 and #old[1] == g.size + 8 then
       rec = {struct.unpack(g.fmt, old[1], 9)}
@@ -98,10 +110,15 @@ for r = 1, #events do
       local x = tonumber(vals[f])
       if x > rec[1 + ns + i] then rec[1 + ns + i] = x end
     end
-    if #old > 0 then redis.call('ZREMRANGEBYSCORE', key, k, k) end
-    redis.call('ZADD', key, k, struct.pack('<d', k) .. struct.pack(g.fmt, unpack(rec)))
-    if redis.call('ZCARD', key) > g.prune_len then
-      redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('(%d', k - g.n - 1))
+    if #old > 0 then redis.call('ZREMRANGEBYSCORE', key, score, score) end
+    redis.call('ZADD', key, score, struct.pack('<d', at) .. struct.pack(g.fmt, unpack(rec)))
+    local band_lo, band_hi = string.format('%d', g.band), string.format('%d', g.band + BAND - 1)
+    if redis.call('ZCOUNT', key, band_lo, band_hi) > g.prune_len then  -- drop buckets before k - n - 1
+      if g.down then
+        redis.call('ZREMRANGEBYSCORE', key, string.format('(%d', g.band + BAND - 1 - (k - g.n - 1)), band_hi)
+      else
+        redis.call('ZREMRANGEBYSCORE', key, band_lo, string.format('(%d', g.band + k - g.n - 1))
+      end
     end
     redis.call('EXPIRE', key, g.ttl)
   end
@@ -131,53 +148,51 @@ return #events
 # no plan to decode per call. ARGV (_chunk_args; three arguments whatever the rows, so little to encode and
 # parse): the rows' times as decimal text joined by ','; the byte lengths of their ids, row after row in the
 # plan's (sorted) entity order, likewise; those ids concatenated.
-# Returns {members, counts, values}: members[g] is one binary string of group g's window members (bucket
-# number and record, oldest first), row after row; counts lists, row after row and group after group, how many
-# members each row has; values lists, row after row, each distinct / since_last aggregate's value (plan order),
-# an integer (-1 where it takes its default). The windowed count / sum / mean / max are computed by the client
-# (numpy). Bucket number texts are built once per call; a distinct count is merged once per entity and window
-# in a call (rows of a batch often share a popular merchant), over the window's block and left-over bucket
-# HyperLogLogs, and not at all when its covering bucket group holds no event in the window (an event writes
-# its bucket record and its HyperLogLogs together). One ZRANGEBYSCORE per bucket group, entity and as-of
-# bucket in a call: rows of a batch that share them (a popular merchant) share the read (the unit tests count
-# them); a group read only for a distinct count (fraud_v1: device / 6 h) is a ZCOUNT. Lua's own work (reply
-# conversion, tables, strings) costs more than the commands themselves, so fewer calls and smaller replies
-# matter most. Server time, 32 rows of fraud_v1 (shared 2-core machine, old and new scripts alternated on the
-# same data): about 2.75 ms against 3.25-3.3 ms for per-bucket PFCOUNT merges with WITHSCORES reads.
+# Returns {members, counts, values}: members[p] is one binary string of the members read for pair of bands p
+# (score and record), row after row; counts lists, row after row and pair after pair, how many members each
+# row has;
+# values lists, row after row, each distinct / since_last aggregate's value (plan order), an integer (-1 where
+# it takes its default). The windowed count / sum / mean / max are computed by the client (numpy). One
+# ZRANGEBYSCORE per pair of bands and row, from the first band's window start to the second's: rows of a call
+# that share an entity and as-of buckets share it (a popular merchant; the unit tests count them). A
+# distinct count is merged once per entity and window in a call, over the window's block and left-over bucket
+# HyperLogLogs, and not at all when the entity has no bucket in the range read (an event writes its bucket
+# records and its HyperLogLogs together). Each redis.call costs Lua a few microseconds, and each member
+# returned a fraction of one: one range per pair of bands, holding just their windows, reads fraud_v1 in 5
+# ranges a row instead of 9 (one a bucket group); a range per entity (3) returned whole middle bands
+# (retained buckets older than their windows) and saved nothing.
 _READ_TEMPLATE = """
--- G: bucket groups {id slot in a row, key head, key tail, bucket s, buckets, member bytes, covers a distinct,
---    records read (else only counted)}
-local G = {$groups}
+-- E: pairs of bands (or a last band alone) {id slot in a row, key head, first band's base score, its bucket s,
+--    its buckets, last score base, last band's bucket s, its sign, offset, member bytes}: a row as of t reads
+--    base + floor(t / bucket s) - buckets .. last score base + sign * floor(t / last bucket s) + offset
+local E = {$entities}
 -- A: distinct / since_last in reply order. since_last: {true, id slot, key head};
--- distinct: {false, id slot, key head, key middle, bucket s, buckets, covering group or 0,
+-- distinct: {false, id slot, key head, key middle, bucket s, buckets, the range in E covering its window or 0,
 --            block key head, block key middle, buckets a block (1: no blocks)}
 local A = {$aggs}
 local NENT = $nent
-local floor, unpack, call, concat = math.floor, unpack, redis.call, table.concat
+local floor, unpack, call, concat, format = math.floor, unpack, redis.call, table.concat, string.format
 local digits = {}  -- bucket number -> its decimal text
 local function text(k)
   local s = digits[k]
-  if s == nil then s = string.format('%d', k); digits[k] = s end
+  if s == nil then s = format('%d', k); digits[k] = s end
   return s
 end
-local function records(g, key, first)  -- {members, how many}
-  if not g[8] then  -- a group only telling a distinct count whether the window holds events: no records
-    return {'', call('ZCOUNT', key, first, first + g[5] - 1)}
-  end
-  local size = g[6]
-  local got = call('ZRANGEBYSCORE', key, first, first + g[5] - 1)
+local function records(e, key, lo, hi)  -- {members, how many}
+  local size = e[10]
+  local got = call('ZRANGEBYSCORE', key, format('%d', lo), format('%d', hi))
   local all = concat(got)
-  if #all == #got * size then return {all, #got} end
+  if #all == #got * size then return {all, #got, hi} end
   local ok = {}
   for i = 1, #got do if #got[i] == size then ok[#ok + 1] = got[i] end end
-  return {concat(ok), #ok}
+  return {concat(ok), #ok, hi}
 end
-local memo = {}  -- [group][id][first] -> records: rows sharing an entity and as-of bucket share the read
-for gi = 1, #G do memo[gi] = {} end
+local memo = {}  -- [entity][id][lo] -> records: rows sharing an entity and as-of buckets share the read
+for ei = 1, #E do memo[ei] = {} end
 local seen = {}  -- [agg][id][first] -> distinct count
 for ai = 1, #A do seen[ai] = {} end
 local recs, counts, vals = {}, {}, {}
-for gi = 1, #G do recs[gi] = {} end
+for ei = 1, #E do recs[ei] = {} end
 local ncounts, nvals = 0, 0
 local times, ids = {}, {}
 for x in string.gmatch(ARGV[1], '%d+') do times[#times + 1] = x end
@@ -192,16 +207,17 @@ for r = 1, #times do
   local t = tonumber(ttext)
   local base = (r - 1) * NENT
   local present = {}
-  for gi = 1, #G do
-    local g = G[gi]
-    local id = ids[base + g[1]]
-    local first = floor(t / g[4]) - g[5]
-    local byid = memo[gi][id]
-    if byid == nil then byid = {}; memo[gi][id] = byid end
-    local hit = byid[first]
-    if hit == nil then hit = records(g, g[2] .. id .. g[3], first); byid[first] = hit end
-    present[gi] = hit[2]
-    local out = recs[gi]
+  for ei = 1, #E do
+    local e = E[ei]
+    local id = ids[base + e[1]]
+    local lo = e[3] + floor(t / e[4]) - e[5]
+    local hi = e[6] + e[8] * floor(t / e[7]) + e[9]
+    local byid = memo[ei][id]
+    if byid == nil then byid = {}; memo[ei][id] = byid end
+    local hit = byid[lo]
+    if hit == nil or hit[3] ~= hi then hit = records(e, e[2] .. id, lo, hi); byid[lo] = hit end
+    present[ei] = hit[2]
+    local out = recs[ei]
     out[#out + 1] = hit[1]
     ncounts = ncounts + 1
     counts[ncounts] = hit[2]
@@ -220,7 +236,7 @@ for r = 1, #times do
       v = byid[first]
       if v == nil then
         local keys, nkeys = {}, 0
-        if a[7] == 0 or present[a[7]] > 0 then  -- (no events in a window covering it: 0, no PFCOUNT)
+        if a[7] == 0 or present[a[7]] > 0 then  -- (no events in a range covering it: 0, no PFCOUNT)
           local head, R, last = a[3] .. id .. a[4], a[10], first + a[6] - 1
           local lo, hi = last + 1, last  -- the whole blocks inside the window: lo .. hi (none: R == 1)
           if R > 1 then lo = floor((first + R - 1) / R); hi = floor((last + 1) / R) - 1 end
@@ -241,7 +257,7 @@ for r = 1, #times do
     vals[nvals] = v
   end
 end
-for gi = 1, #G do recs[gi] = concat(recs[gi]) end
+for ei = 1, #E do recs[ei] = concat(recs[ei]) end
 return {recs, counts, vals}
 """
 
@@ -341,6 +357,9 @@ class AggregatePlan:
             groups[(a.entity, a.bucket_s)] = (max(buckets, n), sums, maxes)
         plan.groups = [BucketGroup(e, b, n, tuple(sorted(s)), tuple(sorted(m)))
                        for (e, b), (n, s, m) in groups.items()]  # fmt: skip
+        for e in plan.entity_order:
+            if len(plan.entity_groups(e)) > MAX_BANDS:
+                raise ValueError(f"entity {e!r} has over {MAX_BANDS} bucket lengths")
         plan.distinct = [DistinctGroup(e, f, b, n) for (e, f, b), n in distinct.items()]
         windows = [a.window_s for _, a in aggs]
         plan.last_seen_ttl_s = max([MIN_LAST_SEEN_TTL_S, *windows])
@@ -366,15 +385,48 @@ class AggregatePlan:
     def entity_order(self) -> list[str]:
         return sorted(self.entities)
 
+    def entity_groups(self, entity: str) -> list[int]:
+        """The indexes (into groups) of an entity's bucket groups, in band order (their place in its sorted set)."""
+        return [gi for gi, g in enumerate(self.groups) if g.entity == entity]
+
+    def band_of(self, gi: int) -> int:
+        return self.entity_groups(self.groups[gi].entity).index(gi)
+
+    @property
+    def ranges(self) -> list[tuple[str, list[int]]]:
+        """What the read script reads a row in: each entity's groups two bands at a time (an even one, an odd one)."""
+        pairs = []
+        for e in self.entity_order:
+            bands = self.entity_groups(e)
+            pairs += [(e, bands[i : i + 2]) for i in range(0, len(bands), 2)]
+        return pairs
+
+    def score_of(self, gi: int, bucket: int) -> int:
+        """A bucket's score in its entity's sorted set (newest first in odd bands)."""
+        band = self.band_of(gi)
+        return band * BAND + (BAND - 1 - bucket if band % 2 else bucket)
+
+    def entity_width(self, entity: str) -> int:
+        """Doubles in a record of the entity's sorted set: its widest group's (the others are zero-padded)."""
+        return max(self.groups[gi].width for gi in self.entity_groups(entity))
+
+    def entity_ttl_s(self, entity: str) -> int:
+        """How long the entity's sorted set lives past its last event: as long as its longest-lived group needs."""
+        return max((g.buckets + 2) * g.bucket_s for g in self.groups if g.entity == entity)
+
     def script_plan(self, key_prefix: str) -> str:
         """The plan as the read and ingest scripts take it (JSON; group indexes 1-based as in Lua)."""
         cached = self._script_plans.get(key_prefix)
         if cached is not None:
             return cached
-        groups = [{"e": g.entity, "b": g.bucket_s, "n": g.buckets, "fmt": "<" + "d" * g.width, "size": 8 * g.width,
-                   "sums": list(g.sum_fields), "maxes": list(g.max_fields), "ttl": (g.buckets + 2) * g.bucket_s,
-                   "prune_len": 4 * (g.buckets + 2)}
-                  for g in self.groups]  # fmt: skip
+        groups = []
+        for gi, g in enumerate(self.groups):
+            width = self.entity_width(g.entity)
+            groups.append({"e": g.entity, "b": g.bucket_s, "n": g.buckets, "band": self.band_of(gi) * BAND,
+                           "down": self.band_of(gi) % 2 == 1,
+                           "fmt": "<" + "d" * width, "size": 8 * width, "pad": width - g.width,
+                           "sums": list(g.sum_fields), "maxes": list(g.max_fields),
+                           "ttl": self.entity_ttl_s(g.entity), "prune_len": 4 * (g.buckets + 2)})  # fmt: skip
         distinct = [{"e": d.entity, "f": d.field, "b": d.bucket_s, "ttl": (d.buckets + 2) * d.bucket_s,
                      "r": d.rollup, "rttl": (d.buckets + 2) * d.bucket_s}
                     for d in self.distinct]  # fmt: skip
@@ -385,7 +437,7 @@ class AggregatePlan:
                 item |= {"f": a.field, "b": a.bucket_s, "n": a.window_s // a.bucket_s}
             aggs.append(item)
         text = json.dumps({"prefix": key_prefix, "entities": self.entity_order, "groups": groups, "aggs": aggs,
-                           "distinct": distinct, "last": self.last_seen, "last_ttl": self.last_seen_ttl_s,
+                           "distinct": distinct, "last": self.last_seen, "last_ttl": self.last_seen_ttl_s, "band": BAND,
                            "last_keep": LAST_SEEN_KEEP})  # fmt: skip
         self._script_plans[key_prefix] = text
         return text
@@ -393,25 +445,28 @@ class AggregatePlan:
     def read_script_source(self, key_prefix: str) -> str:
         """The read script of this feature set: _READ_TEMPLATE with the static read plan written in as Lua."""
         slot = {e: 1 + i for i, e in enumerate(self.entity_order)}  # where an entity's id is among a row's ids
-        read = set(_windowing(self).read)  # groups whose records the client windows
-        covering: set[int] = set()  # groups (1-based) that tell a distinct aggregate which buckets hold events
         aggs = []
         for _, a in self.aggregates:
             if a.op == "since_last":
                 aggs.append(f"{{true, {slot[a.entity]}, {_lua_text(f'{key_prefix}l:{a.entity}:')}}}")
             elif a.op == "distinct":
-                gi = self.covering_group(a)
-                covering.add(gi)
+                gi = self.covering_group(a) - 1
+                covered = next(1 + i for i, (_, bands) in enumerate(self.ranges) if gi in bands) if gi >= 0 else 0
                 r = self.distinct_of(a).rollup
                 aggs.append(f"{{false, {slot[a.entity]}, {_lua_text(f'{key_prefix}h:{a.entity}:')}, "
                             f"{_lua_text(f':{a.field}:{a.bucket_s}:')}, {a.bucket_s}, {a.window_s // a.bucket_s}, "
-                            f"{gi}, {_lua_text(f'{key_prefix}H:{a.entity}:')}, "
+                            f"{covered}, {_lua_text(f'{key_prefix}H:{a.entity}:')}, "
                             f"{_lua_text(f':{a.field}:{a.bucket_s}:{r}:')}, {r}}}")  # fmt: skip
-        groups = [f"{{{slot[g.entity]}, {_lua_text(f'{key_prefix}z:{g.entity}:')}, {_lua_text(f':{g.bucket_s}')}, "
-                  f"{g.bucket_s}, {g.buckets}, {8 * (1 + g.width)}, {_lua_bool(gi + 1 in covering)}, "
-                  f"{_lua_bool(gi in read)}}}"
-                  for gi, g in enumerate(self.groups)]  # fmt: skip
-        return (_READ_TEMPLATE.replace("$groups", ", ".join(groups)).replace("$aggs", ", ".join(aggs))
+        ranges = []
+        for e, bands in self.ranges:
+            first, last = self.groups[bands[0]], self.groups[bands[-1]]
+            if len(bands) == 2:  # down to the odd band's window start: score base + BAND - 1 - (now - buckets)
+                hi = f"{self.band_of(bands[1]) * BAND + BAND - 1}, {last.bucket_s}, -1, {last.buckets}"
+            else:  # up to the even band's window end: score base + now - 1
+                hi = f"{self.band_of(bands[0]) * BAND}, {last.bucket_s}, 1, -1"
+            ranges.append(f"{{{slot[e]}, {_lua_text(f'{key_prefix}b:{e}:')}, {self.band_of(bands[0]) * BAND}, "
+                          f"{first.bucket_s}, {first.buckets}, {hi}, {8 * (1 + self.entity_width(e))}}}")  # fmt: skip
+        return (_READ_TEMPLATE.replace("$entities", ", ".join(ranges)).replace("$aggs", ", ".join(aggs))
                 .replace("$nent", str(len(self.entity_order))))  # fmt: skip
 
     def covering_group(self, a: Aggregate) -> int:
@@ -438,16 +493,14 @@ class _Windowing:
     """How the client turns the read script's reply into aggregates (derived once per plan)."""
 
     groups: list[BucketGroup]
-    empty: list[np.ndarray]  # per group: the empty bucket record (count and sums 0, maxima -inf)
     bucketed: list[tuple[int, str, float, int, int, int]]  # (feature index, op, default, group, first bucket, col)
     others: list[tuple[int, float]]  # distinct / since_last in reply order: (feature index, default)
-    read: list[int]  # the groups that some count / sum / mean / max reads (the others only tell distinct counts)
+    ranges: list[tuple[int, list[tuple[int, int]]]]  # per range read: (record width, [(group, band) windowed])
 
 
 def _windowing(plan: AggregatePlan) -> _Windowing:
     cached = plan._windowing
     if cached is None:
-        empty = [np.array([0.0] * (1 + len(g.sum_fields)) + [-np.inf] * len(g.max_fields)) for g in plan.groups]
         bucketed, others = [], []
         for fi, a in plan.aggregates:
             if a.op in ("since_last", "distinct"):
@@ -456,55 +509,75 @@ def _windowing(plan: AggregatePlan) -> _Windowing:
             g = plan.group_of(a)
             first = g.buckets - a.window_s // a.bucket_s
             bucketed.append((fi, a.op, a.default, plan.groups.index(g), first, plan.column_of(a)))
-        read = sorted({gi for _, _, _, gi, _, _ in bucketed})
-        cached = plan._windowing = _Windowing(list(plan.groups), empty, bucketed, others, read)
+        read = {gi for _, _, _, gi, _, _ in bucketed}  # groups only telling distinct counts need no table
+        ranges = [(plan.entity_width(e), [(gi, plan.band_of(gi)) for gi in bands if gi in read])
+                  for e, bands in plan.ranges]  # fmt: skip
+        cached = plan._windowing = _Windowing(list(plan.groups), bucketed, others, ranges)
     return cached
 
 
-def _bucket_table(g: BucketGroup, empty: np.ndarray, members: bytes, counts: np.ndarray,
-                  ts: np.ndarray) -> np.ndarray:  # fmt: skip
-    """(rows, buckets, width) records of a group's windows from the members the script returned for each row.
+def _decoded(w: _Windowing, members: list[bytes], counts: np.ndarray,
+             ts: np.ndarray) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]:  # fmt: skip
+    """Per windowed group: (owner row, bucket index in the row's window span, record) of each member read.
 
-    A member is the bucket number then its record (doubles); row r owns counts[r] of them, in row order.
+    A member is its score (see score_of) then its record (doubles, zero-padded); row r owns counts[r, p] of range
+    p's members, in row order. The bucket index is 0 for the span's oldest bucket, buckets - 1 for the newest
+    (the span is the group's longest window); buckets after it (read with it) index past the end.
     """
     rows = len(ts)
-    table = np.empty((rows, g.buckets, g.width))
-    table[...] = empty
-    got = np.frombuffer(members, dtype="<f8").reshape(-1, 1 + g.width)
-    if len(got):
-        owner = np.repeat(np.arange(rows), counts)
-        at = got[:, 0].astype(np.int64) - (ts // g.bucket_s - g.buckets)[owner]
-        if at.min() >= 0 and at.max() < g.buckets:
-            table[owner, at] = got[:, 1:]
-        else:  # only where a member's bucket number disagrees with its score
-            inside = (at >= 0) & (at < g.buckets)
-            table[owner[inside], at[inside]] = got[inside, 1:]
-    return table
+    decoded = {}
+    for p, (width, groups) in enumerate(w.ranges):
+        if not groups:
+            continue
+        got = np.frombuffer(members[p], dtype="<f8").reshape(-1, 1 + width)
+        owner = np.repeat(np.arange(rows), counts[:, p])
+        score = got[:, 0].astype(np.int64)
+        band = score // BAND
+        offset = score - band * BAND
+        for gi, b in groups:
+            g = w.groups[gi]
+            mine = band == b
+            number = BAND - 1 - offset[mine] if b % 2 else offset[mine]
+            o = owner[mine]
+            decoded[gi] = (o, number - (ts // g.bucket_s - g.buckets)[o], got[mine, 1:])
+    return decoded
 
 
 def _windowed(plan: AggregatePlan, ts: np.ndarray, members: list[bytes], counts: np.ndarray,
               numbers: list[int]) -> AggregateResult:  # fmt: skip
-    """Every aggregate of every row from the read script's replies: bucket records windowed in numpy."""
+    """Every aggregate of every row from the read script's replies: bucket records windowed in numpy.
+
+    A window's members are summed into their rows with bincount (maxima with maximum.at): no per-row loop and
+    no (rows, buckets) table to fill.
+    """
     w = _windowing(plan)
     rows = len(ts)
-    counts = counts.reshape(rows, len(w.groups))
-    records = {gi: _bucket_table(w.groups[gi], w.empty[gi], members[gi], counts[:, gi], ts) for gi in w.read}
+    decoded = _decoded(w, members, counts.reshape(rows, len(w.ranges)), ts)
+    windows: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}  # (group, first) -> inside
     values: dict[int, np.ndarray] = {}
     defaulted = np.zeros(rows, dtype=bool)
     for fi, op, default, gi, first, col in w.bucketed:
-        window = records[gi][:, first:, :]
-        column = window[:, :, col]
-        if op == "count" or op == "sum":
-            values[fi] = column.sum(axis=1)
+        window = windows.get((gi, first))
+        if window is None:
+            owner, at, records = decoded[gi]
+            inside = (at >= first) & (at < w.groups[gi].buckets)
+            owner, records = owner[inside], records[inside]
+            window = windows[(gi, first)] = (owner, records, np.bincount(owner, records[:, 0], minlength=rows))
+        owner, records, count = window
+        if op == "count":
+            values[fi] = count
             continue
+        if op == "sum":
+            values[fi] = np.bincount(owner, records[:, col], minlength=rows)
+            continue
+        empty = count == 0
         if op == "max":
-            best = column.max(axis=1)
-            empty = best == -np.inf
+            best = np.full(rows, -np.inf)
+            np.maximum.at(best, owner, records[:, col])
             values[fi] = np.where(empty, default, best)
         else:  # mean
-            count = window[:, :, 0].sum(axis=1)
-            empty = count == 0
-            values[fi] = np.where(empty, default, column.sum(axis=1) / np.where(empty, 1.0, count))
+            total = np.bincount(owner, records[:, col], minlength=rows)
+            values[fi] = np.where(empty, default, total / np.where(empty, 1.0, count))
         defaulted |= empty
     if w.others:
         others = np.array(numbers, dtype=np.float64).reshape(rows, len(w.others))
@@ -605,10 +678,10 @@ class OnlineStore:
                    budget_s: float) -> AggregateResult:  # fmt: skip
         """Every aggregate of every row as of the row's event time, in one pipelined round trip.
 
-        The feature set's read script walks the rows inside Redis (one ZRANGEBYSCORE of the window's bucket
-        records per bucket group, PFCOUNT over the HyperLogLogs of the window's blocks and left-over buckets,
+        The feature set's read script walks the rows inside Redis (one ZRANGEBYSCORE of bucket records per
+        pair of bucket groups, PFCOUNT over the HyperLogLogs of the window's blocks and left-over buckets,
         ZREVRANGEBYSCORE for the last event before t) and returns the bucket records of all its rows as one
-        binary string per group (windowed here with numpy) and one integer per row and distinct / since_last
+        binary string per pair of groups (windowed here with numpy) and one integer per row and distinct / since_last
         aggregate. One script call per READ_CHUNK_ROWS rows, all sent at once (one command, or one pipeline).
         Raises FAILURES (or TimeoutError past the budget): the caller degrades.
         """
@@ -623,9 +696,9 @@ class OnlineStore:
                 replies = await self._run_read(script, chunks, use_sha=True)
             except NoScriptError:  # a restarted or different server: send the script itself (rarely)
                 replies = await self._run_read(script, chunks, use_sha=False)
-        ngroups = len(plan.groups)
-        members = [b"".join(reply[0][gi] for reply in replies) for gi in range(ngroups)]
-        counts = np.fromiter(chain.from_iterable(reply[1] for reply in replies), dtype=np.int64, count=rows * ngroups)
+        nranges = len(_windowing(plan).ranges)
+        members = [b"".join(reply[0][ri] for reply in replies) for ri in range(nranges)]
+        counts = np.fromiter(chain.from_iterable(reply[1] for reply in replies), dtype=np.int64, count=rows * nranges)
         numbers = list(chain.from_iterable(reply[2] for reply in replies))
         return _windowed(plan, ts, members, counts, numbers)
 

