@@ -54,6 +54,16 @@ def group_of(feature: object) -> str:
 
 
 @dataclass
+class Prepared:
+    """A batch's features that need no online aggregate (FeatureSet.prepare), waiting for FeatureSet.finish."""
+
+    columns: Mapping[str, np.ndarray]
+    out: np.ndarray  # (rows, columns) FP32, the prepared columns filled in
+    values: dict[str, np.ndarray]  # one-column outputs by name (ratios read them)
+    defaulted: np.ndarray
+
+
+@dataclass
 class Features:
     """A computed batch: (rows, columns) FP32 and per-row flags."""
 
@@ -91,6 +101,9 @@ class FeatureSet:
         self._agg_clip = any(f.then_clip is not None for _, f in aggs)
         self._agg_lo = np.array([f.then_clip[0] if f.then_clip else -np.inf for _, f in aggs], dtype=np.float64)
         self._agg_hi = np.array([f.then_clip[1] if f.then_clip else np.inf for _, f in aggs], dtype=np.float64)
+        requests = [i for i, f in enumerate(spec.features) if group_of(f) == REQUEST]
+        self._ratio_index = [i for i in requests if isinstance(spec.features[i], Ratio)]
+        self._request_index = [i for i in requests if not isinstance(spec.features[i], Ratio)]
         self.ingest_fields = sorted(
             {spec.timestamp_field, *spec.entities.values()}
             | {a.field for _, a in self.plan.aggregates if a.field is not None}
@@ -139,31 +152,18 @@ class FeatureSet:
 
     def compute(self, columns: Mapping[str, np.ndarray], online: AggregateResult | None) -> Features:
         """The feature matrix; `online` None means the store was unavailable (aggregates take defaults)."""
+        return self.finish(self.prepare(columns), online)
+
+    def prepare(self, columns: Mapping[str, np.ndarray]) -> Prepared:
+        """Everything that needs no online aggregate: static lookups and the request transforms but ratios.
+
+        The handler runs this while the online store read is in flight (the event loop would idle otherwise).
+        """
         rows = len(columns[self.spec.timestamp_field])
         out = np.empty((rows, len(self.names)), dtype=np.float32)
         values: dict[str, np.ndarray] = {}  # one-column outputs by name (for ratios)
         defaulted = np.zeros(rows, dtype=bool)
-        degraded = np.zeros(rows, dtype=bool)
         features = self.spec.features
-        if self.has_aggregates:  # the Redis read itself is the handler's `feature.online_lookup` span
-            if online is None:
-                degraded[:] = True
-                defaulted[:] = True
-            else:
-                defaulted |= online.defaulted
-            if online is None:
-                x = np.broadcast_to(self._agg_defaults, (rows, len(self._agg_index))).copy()
-            else:
-                x = np.empty((rows, len(self._agg_index)), dtype=np.float64)
-                for j, i in enumerate(self._agg_index):
-                    x[:, j] = online.values[i]
-            # as _put does one column at a time: then_log1p, then_clip
-            x[:, self._agg_log1p] = tf.log1p_pos(x[:, self._agg_log1p])
-            if self._agg_clip:
-                x = np.clip(x, self._agg_lo, self._agg_hi)
-            out[:, self._agg_columns] = x
-            for j, name in enumerate(self._agg_names):
-                values[name] = x[:, j]
         if self.tables:
             with child_span(tracer, "feature.static_lookup", {"feature.rows": rows}):
                 for i, table in self.tables.items():
@@ -173,16 +173,9 @@ class FeatureSet:
                     defaulted |= missing
                     self._put(out, values, i, raw)
         with child_span(tracer, "feature.request_transforms", {"feature.rows": rows}):
-            for i, f in enumerate(features):
-                if group_of(f) != REQUEST:
-                    continue
-                if isinstance(f, Ratio):
-                    num = values.get(f.numerator, columns.get(f.numerator))
-                    den = values.get(f.denominator, columns.get(f.denominator))
-                    raw, zero = tf.ratio(np.asarray(num, np.float64), np.asarray(den, np.float64), f.default)
-                    defaulted |= zero
-                    self._put(out, values, i, raw)
-                elif isinstance(f, Cyclic):
+            for i in self._request_index:
+                f = features[i]
+                if isinstance(f, Cyclic):
                     sin, cos = tf.cyclic(columns[f.input], f.period)
                     out[:, self.slices[i]] = np.stack([sin, cos], axis=1)
                 elif isinstance(f, OneHot):
@@ -200,6 +193,39 @@ class FeatureSet:
                     else:
                         assert isinstance(f, Identity)
                     self._put(out, values, i, x)
+        return Prepared(columns, out, values, defaulted)
+
+    def finish(self, prepared: Prepared, online: AggregateResult | None) -> Features:
+        """The aggregates (their defaults when `online` is None: the store was unavailable), then the ratios."""
+        columns, out, values = prepared.columns, prepared.out, prepared.values
+        rows = len(out)
+        defaulted = prepared.defaulted.copy()
+        degraded = np.zeros(rows, dtype=bool)
+        if self.has_aggregates:  # the Redis read itself is the handler's `feature.online_lookup` span
+            if online is None:
+                degraded[:] = True
+                defaulted[:] = True
+                x = np.broadcast_to(self._agg_defaults, (rows, len(self._agg_index))).copy()
+            else:
+                defaulted |= online.defaulted
+                x = np.empty((rows, len(self._agg_index)), dtype=np.float64)
+                for j, i in enumerate(self._agg_index):
+                    x[:, j] = online.values[i]
+            # as _put does one column at a time: then_log1p, then_clip
+            x[:, self._agg_log1p] = tf.log1p_pos(x[:, self._agg_log1p])
+            if self._agg_clip:
+                x = np.clip(x, self._agg_lo, self._agg_hi)
+            out[:, self._agg_columns] = x
+            for j, name in enumerate(self._agg_names):
+                values[name] = x[:, j]
+        for i in self._ratio_index:  # in feature order: a ratio may use an earlier one (a few microseconds)
+            f = self.spec.features[i]
+            assert isinstance(f, Ratio)
+            num = values.get(f.numerator, columns.get(f.numerator))
+            den = values.get(f.denominator, columns.get(f.denominator))
+            raw, zero = tf.ratio(np.asarray(num, np.float64), np.asarray(den, np.float64), f.default)
+            defaulted |= zero
+            self._put(out, values, i, raw)
         return Features(out, defaulted, degraded)
 
     def _put(self, out: np.ndarray, values: dict[str, np.ndarray], i: int, raw: np.ndarray) -> None:

@@ -11,6 +11,7 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 
+import numpy as np
 from opentelemetry import trace
 
 from services.common.errors import InvalidArgument, NotFound, Unavailable
@@ -24,6 +25,7 @@ log = logging.getLogger(__name__)
 tracer = trace.get_tracer("services.feature")
 
 Row = Mapping[str, Scalar | None]
+SEND_TURNS = 2  # loop turns redis.asyncio needs from a call to its command on the socket (pool checkout, then write)
 
 
 class FeatureHandler:
@@ -64,22 +66,20 @@ class FeatureHandler:
             raise InvalidArgument(f"budget_ms {budget_ms} is negative")
         start = time.perf_counter()
         columns = fs.columns(rows)
-        online: AggregateResult | None = None
-        trips = 0
+        reading: asyncio.Task[tuple[AggregateResult | None, int]] | None = None
         if fs.has_aggregates:
-            before = self.store.round_trips
-            with child_span(tracer, "feature.online_lookup", {"feature.rows": len(rows), "feature.set": set_id}):
-                if self.settings.fault_delay_ms > 0:  # fault injection (drills, tracing tests)
-                    await asyncio.sleep(self.settings.fault_delay_ms / 1e3)
-                try:
-                    online = await self.store.read(
-                        fs.plan, columns, fs.spec.timestamp_field, self._budget_s(budget_ms, len(rows))
-                    )
-                except FAILURES as exc:
-                    metrics.REDIS_ERRORS.labels("read", type(exc).__name__).inc()
-                    log.debug("online store read failed, degrading %d rows: %r", len(rows), exc)
-            trips = self.store.round_trips - before
-        result = fs.compute(columns, online)
+            budget_s = self._budget_s(budget_ms, len(rows))
+            reading = asyncio.ensure_future(self._read_online(fs, columns, set_id, budget_s))
+        try:
+            if reading is not None:  # let the read go out (redis-py takes SEND_TURNS turns of the event loop to
+                for _ in range(SEND_TURNS):  # write it); the transforms below then run while Redis works
+                    await asyncio.sleep(0)
+            prepared = fs.prepare(columns)
+            online, trips = await reading if reading is not None else (None, 0)
+        finally:
+            if reading is not None and not reading.done():  # cancelled (or failed) before the read came back
+                reading.cancel()
+        result = fs.finish(prepared, online)
         metrics.COMPUTE_SECONDS.labels(set_id).observe(time.perf_counter() - start)
         metrics.ROWS.labels(set_id).inc(len(rows))
         metrics.REDIS_ROUND_TRIPS.labels(set_id).observe(trips)
@@ -88,6 +88,23 @@ class FeatureHandler:
         if defaulted := int(result.defaulted.sum()):
             metrics.DEFAULTED_ROWS.labels(set_id).inc(defaulted)
         return result
+
+    async def _read_online(
+        self, fs: FeatureSet, columns: dict[str, np.ndarray], set_id: str, budget_s: float
+    ) -> tuple[AggregateResult | None, int]:
+        """(every aggregate of the rows or None when the store failed or ran past the budget, round trips made)."""
+        rows = len(columns[fs.spec.timestamp_field])
+        before = self.store.round_trips
+        with child_span(tracer, "feature.online_lookup", {"feature.rows": rows, "feature.set": set_id}):
+            if self.settings.fault_delay_ms > 0:  # fault injection (drills, tracing tests)
+                await asyncio.sleep(self.settings.fault_delay_ms / 1e3)
+            try:
+                online = await self.store.read(fs.plan, columns, fs.spec.timestamp_field, budget_s)
+            except FAILURES as exc:
+                metrics.REDIS_ERRORS.labels("read", type(exc).__name__).inc()
+                log.debug("online store read failed, degrading %d rows: %r", rows, exc)
+                online = None
+        return online, self.store.round_trips - before
 
     async def ingest(self, set_id: str, events: Sequence[Row]) -> int:
         """Apply events to the online aggregates (one atomic transaction); Unavailable when the store is out."""

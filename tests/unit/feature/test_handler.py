@@ -184,6 +184,14 @@ async def test_a_span_per_feature_group(make_handler: Make, monkeypatch: pytest.
         "feature.static_lookup": {"feature.rows": 3},
         "feature.request_transforms": {"feature.rows": 3},
     }
+    # each a child of the server span; the transforms and static lookups run while the Redis read is out
+    finished = {s.name: s for s in exporter.get_finished_spans()}
+    assert {s.parent.span_id for n, s in finished.items() if n != "rpc" and s.parent} == {
+        finished["rpc"].context.span_id
+    }
+    read = finished["feature.online_lookup"]
+    for name in ("feature.static_lookup", "feature.request_transforms"):
+        assert read.start_time < finished[name].start_time < read.end_time, name
     await handler.compute("fraud_v1", [fraud_row()] * 3)  # no sampled parent: no spans, no cost
     assert len(exporter.get_finished_spans()) == 4
 
