@@ -48,7 +48,7 @@ def stack_env(service: str, port: int, redis_url: str, sampling: str | None, otl
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=float(os.environ.get("BENCH_SECONDS", "4")))
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=6, help="interleaved rounds per configuration (medians)")
     parser.add_argument("--concurrency", type=int, default=8)
     args = parser.parse_args()
     py = [os.environ.get("PYTHON", str(ROOT / ".venv" / "bin" / "python")), "-m"]
