@@ -157,6 +157,16 @@ async def test_ids_of_any_text(valkey: ValkeyServer, tmp_path: Path) -> None:
     await _check(valkey.connection_url, tmp_path, events, queries)
 
 
+async def test_times_far_in_the_future_keep_exact_scores(valkey: ValkeyServer, tmp_path: Path) -> None:
+    """Bucket scores are band * 2**38 + bucket (or newest first): exact as doubles and as Lua prints them up to
+    the latest time Compute accepts (2**37 s), where 1 s buckets would misplace a member off by one."""
+    (tmp_path / "agg_v1.yaml").write_text(AGG_YAML)
+    far = 2**37 - 1000  # events over 420 s, as in the other tests (reads as of earlier times keep their buckets)
+    events = [Event(far + 7 * i, f"u{i % 2}", f"m{i % 3}", float(i)) for i in range(60)]
+    queries = [(far + 7 * i + d, f"u{i % 3}", f"m{i % 4}") for i in range(0, 60, 3) for d in (0, 1, 61)]
+    await _check(valkey.connection_url, tmp_path, events, queries)
+
+
 TTL_YAML = """\
 name: short
 version: 1
