@@ -21,6 +21,7 @@ async def serve(settings: CacheServiceSettings) -> None:
         handler = CacheHandler(settings, url)
         service = GrpcService("cache", settings, [SERVICE_NAME])
         cache_pb2_grpc.add_CacheServiceServicer_to_server(CacheServicer(handler), service.server)
+        service.drain_hooks.append(handler.fanout.close)  # Watch streams end at once: watchers go elsewhere
 
         async def on_start() -> None:
             if not await handler.redis.ping():

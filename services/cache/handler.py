@@ -16,6 +16,7 @@ from prometheus_client import Counter
 
 from services.cache import metrics
 from services.cache.entry import Entry
+from services.cache.fanout import RESET, Invalidation, InvalidationFanout
 from services.cache.l1 import L1Cache
 from services.cache.redis_tier import FAILURES, RedisTier
 from services.cache.settings import CacheServiceSettings
@@ -83,6 +84,7 @@ class CacheHandler:
                 settings.redis_max_connections,
             )
         self.counts = Counts()
+        self.fanout = InvalidationFanout()  # to the Watch streams (gateways' near caches)
         self._watcher: asyncio.Task[None] | None = None
         if self.redis is not None:
             self._watcher = asyncio.get_running_loop().create_task(
@@ -241,14 +243,18 @@ class CacheHandler:
         if kind == b"p":
             pipeline = rest.decode()
             removed = self.l1.remove_where(lambda e: e.pipeline == pipeline)
+            self.fanout.publish(Invalidation(pipeline=pipeline))
         else:
             name, _, version = rest.decode().partition("\0")
             removed = self.l1.remove_where(lambda e: e.model_name == name and version in ("", e.model_version))
+            self.fanout.publish(Invalidation(model_name=name, model_version=version))
         self._l1_gauges()
         return removed
 
     def _drop_l1(self) -> None:
+        """After a gap in the invalidation channel: drop L1, and tell the watchers to drop theirs."""
         self.l1.remove_where(lambda e: True)
+        self.fanout.publish(RESET)
         self._l1_gauges()
 
     def stats(self) -> dict[str, int | bool]:
@@ -275,6 +281,7 @@ class CacheHandler:
             self._evictions_reported = self.l1.evictions
 
     async def close(self) -> None:
+        self.fanout.close()
         if self._watcher is not None:
             self._watcher.cancel()
             await asyncio.gather(self._watcher, return_exceptions=True)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
 import grpc
 
 from services.cache.handler import L1, REDIS, CacheHandler, Hit, StoreItem
@@ -39,3 +41,10 @@ class CacheServicer(pb_grpc.CacheServiceServicer):
 
     async def Stats(self, request: pb.StatsRequest, context: grpc.aio.ServicerContext) -> pb.StatsResponse:
         return pb.StatsResponse(**self.handler.stats())
+
+    async def Watch(
+        self, request: pb.WatchRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.InvalidationEvent]:
+        async for e in self.handler.fanout.subscribe(self.handler.settings.watch_heartbeat_s):
+            yield pb.InvalidationEvent(reset=e.reset, pipeline=e.pipeline, model_name=e.model_name,
+                                       model_version=e.model_version)  # fmt: skip

@@ -26,6 +26,9 @@ class CacheServiceSettings(ServiceSettings):
         30.0, gt=0, description="Longest an entry lives in L1 (bounds how long another replica's invalidation lags)."
     )
     lookup_budget_ms: float = Field(2.0, gt=0, description="Default time budget of the Redis tier per lookup.")
+    watch_heartbeat_s: float = Field(
+        5.0, gt=0, description="A Watch stream carries an empty event after this long without one (proxies keep it)."
+    )
     store_timeout_ms: float = Field(50.0, gt=0, description="Time allowed for one batched Redis write.")
     max_value_bytes: int = Field(1024 * 1024, ge=1, description="Largest value accepted by Store.")
     max_key_bytes: int = Field(64, ge=1, le=255, description="Longest key accepted (keys are digests).")

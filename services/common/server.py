@@ -80,6 +80,7 @@ class GrpcService:
         self.port: int | None = None
         self.metrics_port: int | None = None
         self._stop = asyncio.Event()
+        self.drain_hooks: list[Callable[[], None]] = []  # run when draining starts (e.g. end endless streams)
 
     async def start(self) -> int:
         """Bind and start serving (health NOT_SERVING until set_serving(True)); returns the gRPC port."""
@@ -115,6 +116,8 @@ class GrpcService:
         """NOT_SERVING, optional delay while still accepting, then refuse new RPCs and let in-flight finish."""
         self.lifecycle.draining = True
         await self.set_serving(False)
+        for hook in self.drain_hooks:
+            hook()
         if self.settings.shutdown_delay_s > 0:
             await asyncio.sleep(self.settings.shutdown_delay_s)
         await self.server.stop(self.settings.grace_period_s)

@@ -24,6 +24,7 @@ from services.common.triton_config import MODEL_CONFIG_DATA_TYPES
 from services.gateway import metrics
 from services.gateway.admission import Admission, Permit, Priority, parse_priority
 from services.gateway.inputs import check_inputs
+from services.gateway.near import NearCacheWatch
 from services.gateway.pipeline import PipelineSpec, load_pipelines
 from services.gateway.runner import Answer, OutputSpec, PipelineRunner
 from services.gateway.settings import GatewaySettings
@@ -76,6 +77,12 @@ class Gateway:
             settings.max_inflight, settings.min_limit, settings.low_priority_share, settings.retry_after_ms
         )
         near = L1Cache(settings.near_cache_max_bytes, settings.near_cache_ttl_s)
+        self.near_watch: NearCacheWatch | None = None
+        if near.max_bytes > 0 and settings.near_cache_ttl_s > 0 and settings.near_cache_watched_ttl_s > 0:
+            self.near_watch = NearCacheWatch(
+                near, self.up.cache.stub, settings.near_cache_watched_ttl_s, settings.near_cache_ttl_s,
+                settings.watch_heartbeat_timeout_s, UNTRACED,
+            )  # fmt: skip
         self.runners = {
             name: PipelineRunner(spec, self.up, self.versions, near) for name, spec in self.pipelines.items()
         }
@@ -83,6 +90,7 @@ class Gateway:
         for name, spec in self.pipelines.items():
             self.admission.add_pool(name, spec.admission.max_inflight, spec.admission.adaptive)
         self._refresher: asyncio.Task[None] | None = None
+        self._watching: asyncio.Task[None] | None = None
 
     # -- lifecycle -----------------------------------------------------------------------------------------
 
@@ -91,6 +99,8 @@ class Gateway:
         first requests do not pay for connection set-up inside their tight stage budgets), then keep fresh."""
         await asyncio.gather(self.refresh(), self._warm_up(), return_exceptions=True)
         self._refresher = asyncio.create_task(self._refresh_forever())
+        if self.near_watch is not None:
+            self._watching = asyncio.create_task(self.near_watch.run())
 
     async def _warm_up(self) -> None:
         """One cheap call per upstream, through the mesh when there is one (it connects both hops)."""
@@ -104,8 +114,9 @@ class Gateway:
                 log.info("upstream not reachable yet (requests will retry the connection): %s", result)
 
     async def close(self) -> None:
-        if self._refresher is not None:
-            self._refresher.cancel()
+        for task in (self._refresher, self._watching):
+            if task is not None:
+                task.cancel()
         for runner in self.runners.values():
             await runner.drain_stores()
         await self.up.close()

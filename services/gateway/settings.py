@@ -44,3 +44,12 @@ class GatewaySettings(ServiceSettings):
         "requests skip the cache RPC (bounded staleness after an Invalidate); 0 turns the near cache off.",
     )
     near_cache_max_bytes: int = Field(32 * 1024 * 1024, ge=0, description="Memory budget of the near cache.")
+    near_cache_watched_ttl_s: float = Field(
+        60.0,
+        ge=0,
+        description="While the cache service's invalidation stream (Watch) is live, fresh hits stay near this "
+        "long (never past the pipeline's own TTL); near_cache_ttl_s applies while it is not. 0: no watch.",
+    )
+    watch_heartbeat_timeout_s: float = Field(
+        15.0, gt=0, description="A Watch stream silent this long (the cache sends heartbeats) counts as lost."
+    )

@@ -128,3 +128,19 @@ class StatsResponse(_message.Message):
     stores: int
     stores_dropped: int
     def __init__(self, l1_entries: _Optional[int] = ..., l1_bytes: _Optional[int] = ..., l1_max_bytes: _Optional[int] = ..., l1_evictions: _Optional[int] = ..., l1_hits: _Optional[int] = ..., redis_hits: _Optional[int] = ..., misses: _Optional[int] = ..., redis_errors: _Optional[int] = ..., circuit_open: bool = ..., stores: _Optional[int] = ..., stores_dropped: _Optional[int] = ...) -> None: ...
+
+class WatchRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class InvalidationEvent(_message.Message):
+    __slots__ = ("reset", "pipeline", "model_name", "model_version")
+    RESET_FIELD_NUMBER: _ClassVar[int]
+    PIPELINE_FIELD_NUMBER: _ClassVar[int]
+    MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
+    MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    reset: bool
+    pipeline: str
+    model_name: str
+    model_version: str
+    def __init__(self, reset: bool = ..., pipeline: _Optional[str] = ..., model_name: _Optional[str] = ..., model_version: _Optional[str] = ...) -> None: ...

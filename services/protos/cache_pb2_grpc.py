@@ -34,6 +34,11 @@ class CacheServiceStub(object):
                 request_serializer=cache__pb2.StatsRequest.SerializeToString,
                 response_deserializer=cache__pb2.StatsResponse.FromString,
                 )
+        self.Watch = channel.unary_stream(
+                '/meshserve.cache.CacheService/Watch',
+                request_serializer=cache__pb2.WatchRequest.SerializeToString,
+                response_deserializer=cache__pb2.InvalidationEvent.FromString,
+                )
 
 
 class CacheServiceServicer(object):
@@ -67,6 +72,16 @@ class CacheServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Watch(self, request, context):
+        """Every invalidation this replica applies from now on (its own and every other replica's), for a
+        caller's own near cache. The first event is a reset (the subscription is live: start from empty); a
+        later reset means invalidations may have been missed (Redis was lost): drop everything. An event with
+        nothing set is a heartbeat (every few seconds, so proxies keep the stream). Ends when the replica drains.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CacheServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -89,6 +104,11 @@ def add_CacheServiceServicer_to_server(servicer, server):
                     servicer.Stats,
                     request_deserializer=cache__pb2.StatsRequest.FromString,
                     response_serializer=cache__pb2.StatsResponse.SerializeToString,
+            ),
+            'Watch': grpc.unary_stream_rpc_method_handler(
+                    servicer.Watch,
+                    request_deserializer=cache__pb2.WatchRequest.FromString,
+                    response_serializer=cache__pb2.InvalidationEvent.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -165,5 +185,22 @@ class CacheService(object):
         return grpc.experimental.unary_unary(request, target, '/meshserve.cache.CacheService/Stats',
             cache__pb2.StatsRequest.SerializeToString,
             cache__pb2.StatsResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def Watch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(request, target, '/meshserve.cache.CacheService/Watch',
+            cache__pb2.WatchRequest.SerializeToString,
+            cache__pb2.InvalidationEvent.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)

@@ -54,6 +54,46 @@ def test_up_prints_every_service_and_reports_serving(stack: Stack) -> None:
     assert status.stdout.count("SERVING") == 8 and status.stdout.count("READY") == 1
 
 
+def test_an_invalidation_reaches_the_gateways_near_cache_through_envoy(stack: Stack) -> None:
+    """While the cache service's Watch stream is live, the gateway keeps fresh hits near for up to 60 s (2 s
+    without it); an Invalidate at any cache replica empties them at once. The stream goes through Envoy like
+    every hop and outlives the cache route's 500 ms timeout (its own route has none)."""
+    import grpc
+    import tritonclient.grpc as triton
+
+    from services.protos import cache_pb2, cache_pb2_grpc
+    from tests.integration.gateway_helpers import infer_inputs, params, transaction
+
+    client = triton.InferenceServerClient(stack.ingress)
+    request = infer_inputs(transaction(7, user=f"near-{time.time()}"))
+    cache_address = next(s["address"] for s in stack.state()["services"] if s["name"] == "cache")
+    channel = grpc.insecure_channel(cache_address)
+    stub = cache_pb2_grpc.CacheServiceStub(channel)
+
+    def cache() -> str:
+        return params(client.infer("fraud", request, parameters={"debug": True}))["cache"]
+
+    def lookups() -> int:  # keys the cache service looked up, whatever the outcome
+        stats = stub.Stats(cache_pb2.StatsRequest(), timeout=5)
+        return stats.l1_hits + stats.redis_hits + stats.misses
+
+    try:
+        assert [cache(), cache()] == ["miss", "hit"]  # the second, from the cache service, is now near too
+        time.sleep(2.5)  # past the unwatched near TTL (2 s) and the cache route's timeout
+        before = lookups()
+        assert cache() == "hit"
+        assert lookups() == before, "the hit did not come from the gateway's near cache"
+        stub.Invalidate(cache_pb2.InvalidateRequest(pipeline="fraud"), timeout=5)
+        deadline = time.monotonic() + 0.5  # the event travels cache -> Envoy -> gateway
+        while (outcome := cache()) == "hit":
+            assert time.monotonic() < deadline, "the gateway still answers from its near cache after the invalidation"
+            time.sleep(0.02)
+        assert outcome == "miss"
+        assert cache() == "hit"
+    finally:
+        channel.close()
+
+
 def test_infer_and_demo_through_the_ingress(stack: Stack, tmp_path: Path) -> None:
     one = meshserve("infer", "fraud", "--address", stack.ingress, "--debug", "--json", json.dumps(ROW))
     assert one.returncode == 0, one.stderr

@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
 import pytest
 
 from services.cache.client import CacheClient, SingleFlight
+from services.cache.handler import CacheHandler
+from services.cache.servicer import SERVICE_NAME, CacheServicer
 from services.common.server import GrpcService
 from services.protos import cache_pb2 as pb
 from services.protos import cache_pb2_grpc as pb_grpc
+from tests.helpers.inprocess import serving_in_process
 from tests.helpers.servers import cache_service, free_port
 
 
@@ -135,3 +139,37 @@ def test_process_with_embedded_valkey(tmp_path: Path) -> None:
         assert "meshserve_cache_lookup_seconds_bucket" in body and "meshserve_cache_circuit_open 0.0" in body
         assert service.terminate() == 0, service.log()
     assert "embedded valkey" in service.log()
+
+
+async def test_watch_streams_every_replicas_invalidations_then_ends_at_drain(
+    make_handler: Callable[..., CacheHandler],
+) -> None:
+    """Two replicas on one Redis: a watcher of replica A sees a reset first, then A's own invalidation and one
+    B published (through Redis pub/sub), a heartbeat when idle, and the end of the stream when A drains."""
+    a, b = make_handler(watch_heartbeat_s=0.3), make_handler()
+    await asyncio.wait_for(asyncio.gather(a.redis.subscribed.wait(), b.redis.subscribed.wait()), 5)
+    register = lambda server: pb_grpc.add_CacheServiceServicer_to_server(CacheServicer(a), server)  # noqa: E731
+    async with serving_in_process("cache", a.settings, SERVICE_NAME, register, a) as service:
+        service.drain_hooks.append(a.fanout.close)
+        async with grpc.aio.insecure_channel(target(service)) as channel:
+            call = pb_grpc.CacheServiceStub(channel).Watch(pb.WatchRequest(), timeout=10)
+            assert (await call.read()).reset
+            await a.invalidate(pipeline="fraud")
+            await b.invalidate(model_name="fraud_mlp", model_version="2")
+            seen = []
+            while len(seen) < 2:  # A's own arrives twice (applied here, then back from the channel): harmless
+                event = await call.read()
+                key = (event.pipeline, event.model_name, event.model_version)
+                if key not in seen and any(key):
+                    seen.append(key)
+            assert sorted(seen) == [("", "fraud_mlp", "2"), ("fraud", "", "")]
+            start = asyncio.get_running_loop().time()
+            while True:  # idle: heartbeats (nothing set) about every 0.3 s
+                event = await call.read()
+                if not (event.reset or event.pipeline or event.model_name):
+                    break
+            assert asyncio.get_running_loop().time() - start < 2.0
+            drained = asyncio.ensure_future(service.drain())
+            assert await asyncio.wait_for(call.read(), 5) is grpc.aio.EOF
+            assert await call.code() == grpc.StatusCode.OK
+            await drained

@@ -1,0 +1,63 @@
+"""The gateway's near cache follows a real in-process cache service's Watch stream (no Redis: L1 only)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import grpc
+
+from services.cache.entry import Entry
+from services.cache.handler import CacheHandler
+from services.cache.l1 import L1Cache
+from services.cache.servicer import SERVICE_NAME, CacheServicer
+from services.cache.settings import CacheServiceSettings
+from services.gateway.near import NearCacheWatch
+from services.protos import cache_pb2_grpc as pb_grpc
+from tests.helpers.inprocess import serving_in_process
+
+
+def entry(pipeline: str, model: str, version: str) -> Entry:
+    now = time.time()
+    return Entry(b"v", pipeline, model, version, now, now + 600, now + 600)
+
+
+async def wait_for(condition, what: str, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, what
+        await asyncio.sleep(0.01)
+
+
+async def test_near_cache_follows_invalidations_and_falls_back_when_the_stream_ends() -> None:
+    settings = CacheServiceSettings(host="127.0.0.1", port=0, metrics_port=0, watch_heartbeat_s=0.2)
+    handler = CacheHandler(settings, None)
+    register = lambda server: pb_grpc.add_CacheServiceServicer_to_server(CacheServicer(handler), server)  # noqa: E731
+    near = L1Cache(1 << 20, 2.0)
+    async with serving_in_process("cache", settings, SERVICE_NAME, register, handler) as service:
+        service.drain_hooks.append(handler.fanout.close)
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{service.port}") as channel:
+            watch = NearCacheWatch(near, pb_grpc.CacheServiceStub(channel), 60.0, 2.0, heartbeat_timeout_s=1.0)
+            assert (watch.live, near.max_ttl_s) == (False, 2.0)
+            task = asyncio.ensure_future(watch.run())
+            try:
+                await wait_for(lambda: watch.live, "the watch never went live")
+                assert near.max_ttl_s == 60.0  # fresh hits may now stay near for a minute
+                now = time.time()
+                for key, (p, m, v) in {b"a": ("fraud", "mlp", "1"), b"b": ("fraud", "mlp", "2"),
+                                       b"c": ("digits", "cnn", "1"), b"d": ("other", "mlp", "2")}.items():  # fmt: skip
+                    assert near.put(key, entry(p, m, v), now)
+                await handler.invalidate(model_name="mlp", model_version="2")
+                await wait_for(lambda: len(near) == 2, "a model version's invalidation did not arrive")
+                assert near.get(b"a", now) is not None and near.get(b"c", now) is not None
+                await handler.invalidate(pipeline="fraud")
+                await wait_for(lambda: len(near) == 1, "a pipeline's invalidation did not arrive")
+                await asyncio.sleep(0.5)  # heartbeats keep a quiet stream alive
+                assert watch.live and near.get(b"c", now) is not None
+                await service.drain()  # the cache replica goes away: its Watch streams end
+                await wait_for(lambda: not watch.live, "the watch did not notice the stream's end")
+                assert len(near) == 0 and near.max_ttl_s == 2.0  # invalidations could be missed now
+            finally:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+    await handler.close()
