@@ -84,7 +84,7 @@ def test_an_invalidation_reaches_the_gateways_near_cache_through_envoy(stack: St
         assert cache() == "hit"
         assert lookups() == before, "the hit did not come from the gateway's near cache"
         stub.Invalidate(cache_pb2.InvalidateRequest(pipeline="fraud"), timeout=5)
-        deadline = time.monotonic() + 2.0  # the event travels cache -> Envoy -> gateway (well under 0.1 s here)
+        deadline = time.monotonic() + 2.0  # the event travels cache -> Envoy -> gateway (generous: a loaded CI machine)
         while (outcome := cache()) == "hit":
             assert time.monotonic() < deadline, "the gateway still answers from its near cache after the invalidation"
             time.sleep(0.02)
