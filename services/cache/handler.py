@@ -241,13 +241,12 @@ class CacheHandler:
         """Drop the L1 entries an invalidation message names: `p\\0pipeline` or `m\\0model\\0version`."""
         kind, _, rest = message.partition(b"\0")
         if kind == b"p":
-            pipeline = rest.decode()
-            removed = self.l1.remove_where(lambda e: e.pipeline == pipeline)
-            self.fanout.publish(Invalidation(pipeline=pipeline))
+            invalidation = Invalidation(pipeline=rest.decode())
         else:
             name, _, version = rest.decode().partition("\0")
-            removed = self.l1.remove_where(lambda e: e.model_name == name and version in ("", e.model_version))
-            self.fanout.publish(Invalidation(model_name=name, model_version=version))
+            invalidation = Invalidation(model_name=name, model_version=version)
+        removed = self.l1.remove_where(invalidation.matches)
+        self.fanout.publish(invalidation)
         self._l1_gauges()
         return removed
 

@@ -17,6 +17,7 @@ class L1Cache:
         self._entries: OrderedDict[bytes, tuple[Entry, float]] = OrderedDict()
         self.bytes = 0
         self.evictions = 0
+        self.generation = 0  # counts remove_where calls (invalidations): a put may check none came in between
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -50,6 +51,7 @@ class L1Cache:
 
     def remove_where(self, match: Callable[[Entry], bool]) -> int:
         """Drop every entry `match` accepts; returns how many."""
+        self.generation += 1
         doomed = [k for k, (e, _) in self._entries.items() if match(e)]
         for key in doomed:
             self._remove(key)

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 import grpc
 
+from services.cache.fanout import Invalidation
 from services.cache.l1 import L1Cache
 from services.protos import cache_pb2 as pb
 from services.protos import cache_pb2_grpc as pb_grpc
@@ -39,17 +40,13 @@ class NearCacheWatch:
 
     def apply(self, event: pb.InvalidationEvent) -> int:
         """Drop what an event names; returns how many entries. The first event (a reset) makes the watch live."""
-        if event.reset:
-            removed = self.near.remove_where(lambda e: True)
+        invalidation = Invalidation(event.reset, event.pipeline, event.model_name, event.model_version)
+        if invalidation.heartbeat:
+            return 0
+        removed = self.near.remove_where(invalidation.matches)
+        if invalidation.reset:
             self.live = True
             self.near.max_ttl_s = self.watched_ttl_s
-        elif event.pipeline:
-            removed = self.near.remove_where(lambda e: e.pipeline == event.pipeline)
-        elif event.model_name:
-            name, version = event.model_name, event.model_version
-            removed = self.near.remove_where(lambda e: e.model_name == name and version in ("", e.model_version))
-        else:
-            return 0  # heartbeat
         self.events += 1
         return removed
 

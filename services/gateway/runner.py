@@ -125,6 +125,7 @@ class PipelineRunner:
         deadline: Deadline,
         stages: dict[str, float],
         headers: Sequence[tuple[str, str]],
+        generation: int,
     ) -> tuple[CachedValue | None, CachedValue | None]:
         """(fresh hit, stale hit) for the serving versions, newest version first."""
         if not self.spec.cache.enabled or not keys:
@@ -149,12 +150,13 @@ class PipelineRunner:
             return None, stale
         fresh = hits[fresh_at]
         assert fresh is not None
-        self._keep_near(keys[fresh_at][1], fresh.value, fresh.model_version, time.time() - fresh.age_s)
+        self._keep_near(keys[fresh_at][1], fresh.value, fresh.model_version, time.time() - fresh.age_s, generation)
         return fresh, stale
 
-    def _keep_near(self, key: bytes, value: bytes, version: str, stored_at: float) -> None:
-        """Keep a fresh answer in the near cache (never past its own fresh time, nor the near cache's TTL)."""
-        if self.near is not None:
+    def _keep_near(self, key: bytes, value: bytes, version: str, stored_at: float, generation: int) -> None:
+        """Keep a fresh answer in the near cache (never past its own fresh time, nor the near cache's TTL), unless
+        an invalidation reached the near cache since the request began (`generation`): the answer may predate it."""
+        if self.near is not None and self.near.generation == generation:
             policy, model = self.spec.cache, self.spec.model.name
             fresh_until = stored_at + policy.ttl_s
             self.near.put(key, Entry(value, self.spec.name, model, version, stored_at, fresh_until, fresh_until),
@@ -244,7 +246,8 @@ class PipelineRunner:
         t0 = time.perf_counter()
         stages: dict[str, float] = {}
         keys = self._cache_keys(digest)
-        fresh, stale = await self._lookup(keys, deadline, stages, headers)
+        generation = self.near.generation if self.near is not None else 0
+        fresh, stale = await self._lookup(keys, deadline, stages, headers, generation)
         if fresh is not None:
             return self._finish(Answer.from_cache(fresh, "hit"), stages, t0)
 
@@ -289,7 +292,7 @@ class PipelineRunner:
             answer.degraded_detail = f"{features_degraded} of {rows} rows used default aggregates"
         elif self.spec.cache.enabled:
             key = versioned_key(self.spec.name, model.name, version, digest)
-            self._store_later(key, answer, headers)
+            self._store_later(key, answer, headers, generation)
         return self._finish(answer, stages, t0)
 
     def _degrade(
@@ -337,10 +340,10 @@ class PipelineRunner:
                 continue
         raise failure.error
 
-    def _store_later(self, key: bytes, answer: Answer, headers: Sequence[tuple[str, str]]) -> None:
+    def _store_later(self, key: bytes, answer: Answer, headers: Sequence[tuple[str, str]], generation: int) -> None:
         """Store the answer off the critical path (a task; the response does not wait for it)."""
         value = answer.to_cache_value(self.spec.model.name)
-        self._keep_near(key, value, answer.model_version, time.time())
+        self._keep_near(key, value, answer.model_version, time.time(), generation)
         task = asyncio.ensure_future(self._store(key, value, answer.model_version, headers))
         self._stores.add(task)
         task.add_done_callback(self._stores.discard)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from services.cache.entry import Entry
 from services.cache.fanout import WATCH_QUEUE, Invalidation, InvalidationFanout
 
 
@@ -34,3 +35,19 @@ async def test_an_idle_watcher_gets_heartbeats() -> None:
     beat = await anext(sub)
     assert beat.heartbeat and not beat.reset
     fanout.close()
+
+
+def test_what_an_invalidation_matches() -> None:
+    def entry(pipeline: str, model: str, version: str) -> Entry:
+        return Entry(b"v", pipeline, model, version, 0.0, 1.0, 1.0)
+
+    a, b, c = entry("fraud", "mlp", "1"), entry("fraud", "mlp", "2"), entry("digits", "cnn", "1")
+    cases = {
+        Invalidation(reset=True): [a, b, c],
+        Invalidation(pipeline="fraud"): [a, b],
+        Invalidation(model_name="mlp", model_version="2"): [b],
+        Invalidation(model_name="mlp"): [a, b],  # every version of the model
+        Invalidation(): [],  # a heartbeat drops nothing
+    }
+    for invalidation, dropped in cases.items():
+        assert [e for e in (a, b, c) if invalidation.matches(e)] == dropped, invalidation

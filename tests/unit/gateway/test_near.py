@@ -4,17 +4,24 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 
 import grpc
 
 from services.cache.entry import Entry
+from services.cache.fanout import Invalidation
 from services.cache.handler import CacheHandler
 from services.cache.l1 import L1Cache
 from services.cache.servicer import SERVICE_NAME, CacheServicer
 from services.cache.settings import CacheServiceSettings
 from services.gateway.near import NearCacheWatch
+from services.gateway.pipeline import load_pipelines
+from services.gateway.runner import PipelineRunner
+from services.gateway.versions import ServingVersions
 from services.protos import cache_pb2_grpc as pb_grpc
 from tests.helpers.inprocess import serving_in_process
+
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def entry(pipeline: str, model: str, version: str) -> Entry:
@@ -61,3 +68,17 @@ async def test_near_cache_follows_invalidations_and_falls_back_when_the_stream_e
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
     await handler.close()
+
+
+def test_an_answer_older_than_an_invalidation_is_not_kept_near() -> None:
+    """A lookup (or computation) that began before an invalidation reached the near cache may carry what the
+    invalidation dropped: the runner keeps it near only if no invalidation came in between."""
+    spec = load_pipelines(ROOT / "pipelines")["fraud"]
+    near = L1Cache(1 << 20, 60.0)
+    runner = PipelineRunner(spec, None, ServingVersions(3.0), near)  # type: ignore[arg-type]  # no upstream call
+    began = near.generation
+    near.remove_where(Invalidation(pipeline="fraud").matches)  # the watch applies an invalidation meanwhile
+    runner._keep_near(b"k", b"old answer", "1", time.time(), began)
+    assert near.get(b"k", time.time()) is None
+    runner._keep_near(b"k", b"new answer", "1", time.time(), near.generation)
+    assert near.get(b"k", time.time()).value == b"new answer"
