@@ -268,10 +268,6 @@ def _lua_bytes(data: bytes) -> str:
     return "'" + "".join(chr(b) if b in safe else f"\\{b:03d}" for b in data) + "'"
 
 
-def _lua_bool(b: bool) -> str:
-    return "true" if b else "false"
-
-
 def _lua_text(s: str) -> str:
     """A Lua string literal of s (every byte outside a safe set escaped as decimal)."""
     return _lua_bytes(s.encode())
