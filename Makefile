@@ -4,18 +4,26 @@ PYTHON_SYS ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+PERF_VENV := .venv-perf
+PERF_STAMP := $(PERF_VENV)/.installed
 MODELS_STAMP := models/.built
 PYTEST_ARGS ?=
 
 .PHONY: setup run test bench bench-peers protos protos-check models lint clean
 
-setup: $(STAMP)
+setup: $(STAMP) $(PERF_STAMP)
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON_SYS) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[model,cache,feature,gateway,cli,train,dev]'
 	@touch $(STAMP)
+
+# perf_analyzer's own virtualenv: the tritonclient 2.49 wheel carries the binary, and its old pins stay here.
+$(PERF_STAMP): tools/perf-requirements.txt
+	@test -x $(PERF_VENV)/bin/python || $(PYTHON_SYS) -m venv $(PERF_VENV)
+	$(PERF_VENV)/bin/python -m pip install -q -r tools/perf-requirements.txt
+	@touch $(PERF_STAMP)
 
 models: $(MODELS_STAMP)
 

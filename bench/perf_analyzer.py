@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-TOOLS = ROOT / ".bench-tools"
-CUDA_TARGET = TOOLS / "cuda"
-CUDA_LIB = CUDA_TARGET / "nvidia" / "cuda_runtime" / "lib"
-CUDA_RUNTIME_PIN = "nvidia-cuda-runtime-cu12==12.9.79"
+# perf_analyzer's own virtualenv (`make setup`, from tools/perf-requirements.txt): tritonclient 2.49 carries the
+# binary, and its pins (protobuf<5, numpy<2) must stay out of the services' `.venv`.
+PERF_VENV = ROOT / ".venv-perf"
+PERF_REQUIREMENTS = ROOT / "tools" / "perf-requirements.txt"
 
 
 class PerfAnalyzerError(RuntimeError):
@@ -32,13 +32,13 @@ def venv_python() -> str:
 
 
 def perf_analyzer_path() -> str:
-    """Where the perf_analyzer binary from tritonclient[grpc] lives."""
-    candidate = ROOT / ".venv" / "bin" / "perf_analyzer"
+    """Where the perf_analyzer binary lives: the tool virtualenv `make setup` makes, else the PATH."""
+    candidate = PERF_VENV / "bin" / "perf_analyzer"
     if candidate.exists():
         return str(candidate)
     found = shutil.which("perf_analyzer")
     if found is None:
-        raise PerfAnalyzerError("perf_analyzer not found: `make setup` installs tritonclient[grpc]")
+        raise PerfAnalyzerError(f"perf_analyzer not found: `make setup` installs it into {PERF_VENV}")
     return found
 
 
@@ -75,30 +75,20 @@ def _ensure_libb64() -> None:
 
 
 def installed_cudart_lib() -> Path | None:
-    """The folder holding libcudart.so.12: the venv's (`dev` extra) or the one the bench installed."""
-    try:
-        import nvidia.cuda_runtime  # the nvidia-cuda-runtime-cu12 wheel (no GPU needed)
-
-        venv_lib = Path(next(iter(nvidia.cuda_runtime.__path__))) / "lib"
-        if (venv_lib / "libcudart.so.12").exists():
-            return venv_lib
-    except ImportError:
-        pass
-    return CUDA_LIB if (CUDA_LIB / "libcudart.so.12").exists() else None
+    """The folder holding libcudart.so.12 (the nvidia-cuda-runtime-cu12 wheel in the tool virtualenv)."""
+    for lib in sorted(PERF_VENV.glob("lib/python3*/site-packages/nvidia/cuda_runtime/lib")):
+        if (lib / "libcudart.so.12").exists():
+            return lib
+    return None
 
 
 def _ensure_cudart() -> Path:
     found = installed_cudart_lib()
-    if found is not None:
-        return found
-    lib = CUDA_LIB / "libcudart.so.12"
-    cmd = [venv_python(), "-m", "pip", "install", "-q", "--target", str(CUDA_TARGET), CUDA_RUNTIME_PIN]
-    result = _run(cmd)
-    if result.returncode != 0 or not lib.exists():
+    if found is None:
         raise PerfAnalyzerError(
-            f"perf_analyzer needs libcudart.so.12; `{shlex.join(cmd)}` failed:\n{result.stdout}\n{result.stderr}"
+            f"perf_analyzer needs libcudart.so.12 from {PERF_REQUIREMENTS.name}: run `make setup` ({PERF_VENV})"
         )
-    return CUDA_LIB
+    return found
 
 
 @functools.cache

@@ -2,7 +2,8 @@ from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Mapping, Optional as _Optional, Union as _Union
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -25,7 +26,7 @@ class LookupRequest(_message.Message):
     pipeline: str
     allow_stale: bool
     budget_ms: float
-    def __init__(self, keys: _Optional[_Iterable[bytes]] = ..., pipeline: _Optional[str] = ..., allow_stale: bool = ..., budget_ms: _Optional[float] = ...) -> None: ...
+    def __init__(self, keys: _Optional[_Iterable[bytes]] = ..., pipeline: _Optional[str] = ..., allow_stale: _Optional[bool] = ..., budget_ms: _Optional[float] = ...) -> None: ...
 
 class LookupResult(_message.Message):
     __slots__ = ("hit", "value", "model_version", "age_s", "stale", "tier")
@@ -41,7 +42,7 @@ class LookupResult(_message.Message):
     age_s: float
     stale: bool
     tier: Tier
-    def __init__(self, hit: bool = ..., value: _Optional[bytes] = ..., model_version: _Optional[str] = ..., age_s: _Optional[float] = ..., stale: bool = ..., tier: _Optional[_Union[Tier, str]] = ...) -> None: ...
+    def __init__(self, hit: _Optional[bool] = ..., value: _Optional[bytes] = ..., model_version: _Optional[str] = ..., age_s: _Optional[float] = ..., stale: _Optional[bool] = ..., tier: _Optional[_Union[Tier, str]] = ...) -> None: ...
 
 class LookupResponse(_message.Message):
     __slots__ = ("results",)
@@ -127,7 +128,7 @@ class StatsResponse(_message.Message):
     circuit_open: bool
     stores: int
     stores_dropped: int
-    def __init__(self, l1_entries: _Optional[int] = ..., l1_bytes: _Optional[int] = ..., l1_max_bytes: _Optional[int] = ..., l1_evictions: _Optional[int] = ..., l1_hits: _Optional[int] = ..., redis_hits: _Optional[int] = ..., misses: _Optional[int] = ..., redis_errors: _Optional[int] = ..., circuit_open: bool = ..., stores: _Optional[int] = ..., stores_dropped: _Optional[int] = ...) -> None: ...
+    def __init__(self, l1_entries: _Optional[int] = ..., l1_bytes: _Optional[int] = ..., l1_max_bytes: _Optional[int] = ..., l1_evictions: _Optional[int] = ..., l1_hits: _Optional[int] = ..., redis_hits: _Optional[int] = ..., misses: _Optional[int] = ..., redis_errors: _Optional[int] = ..., circuit_open: _Optional[bool] = ..., stores: _Optional[int] = ..., stores_dropped: _Optional[int] = ...) -> None: ...
 
 class WatchRequest(_message.Message):
     __slots__ = ()
@@ -143,4 +144,4 @@ class InvalidationEvent(_message.Message):
     pipeline: str
     model_name: str
     model_version: str
-    def __init__(self, reset: bool = ..., pipeline: _Optional[str] = ..., model_name: _Optional[str] = ..., model_version: _Optional[str] = ...) -> None: ...
+    def __init__(self, reset: _Optional[bool] = ..., pipeline: _Optional[str] = ..., model_name: _Optional[str] = ..., model_version: _Optional[str] = ...) -> None: ...

@@ -1,7 +1,8 @@
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Mapping, Optional as _Optional, Union as _Union
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -15,7 +16,7 @@ class Value(_message.Message):
     int64_value: int
     double_value: float
     bool_value: bool
-    def __init__(self, string_value: _Optional[str] = ..., int64_value: _Optional[int] = ..., double_value: _Optional[float] = ..., bool_value: bool = ...) -> None: ...
+    def __init__(self, string_value: _Optional[str] = ..., int64_value: _Optional[int] = ..., double_value: _Optional[float] = ..., bool_value: _Optional[bool] = ...) -> None: ...
 
 class Row(_message.Message):
     __slots__ = ("fields",)
@@ -46,7 +47,7 @@ class RowFlags(_message.Message):
     DEGRADED_FIELD_NUMBER: _ClassVar[int]
     defaulted: bool
     degraded: bool
-    def __init__(self, defaulted: bool = ..., degraded: bool = ...) -> None: ...
+    def __init__(self, defaulted: _Optional[bool] = ..., degraded: _Optional[bool] = ...) -> None: ...
 
 class ComputeResponse(_message.Message):
     __slots__ = ("feature_set", "rows", "columns", "feature_names", "features", "flags")
