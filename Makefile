@@ -44,15 +44,20 @@ protos-check: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 	$(PY) tools/gen_protos.py --check
 
-# Two pytest processes: unit tests import services.protos, integration tests import tritonclient, and both
-# define the protobuf package `inference`, which one process cannot hold twice.
+# Three pytest processes. tests/unit: in-process only. tests/integration/services: real processes (Valkey, Envoy,
+# the services) driven through the project's own stubs. The rest of tests/integration and tests/mesh drive the
+# services with tritonclient, whose protobuf package `inference` one process cannot hold beside services.protos.
 test: setup models
 	@bash tools/ensure_system_packages.sh
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 	$(PY) -m pytest tests/unit $(wildcard tests/manifests) $(PYTEST_ARGS)
-	$(PY) -m pytest tests/integration $(wildcard tests/mesh) $(PYTEST_ARGS)
+	$(PY) -m pytest tests/integration/services $(PYTEST_ARGS)
+	$(PY) -m pytest tests/integration --ignore=tests/integration/services $(wildcard tests/mesh) $(PYTEST_ARGS)
 
 # The whole local stack (Valkey, model v1 x2 + v2 canary, feature, cache, gateway, Envoy from istio/), 20 s of
 # demo traffic with a live view and a summary, then it keeps serving until Ctrl-C.

@@ -15,6 +15,9 @@ class MeshserveError(Exception):
 
 def error_with_code(code: grpc.StatusCode, message: str) -> MeshserveError:
     """An error carrying a status another service returned (the gateway passes it on unchanged)."""
+    kind = _BY_CODE.get(code)
+    if kind is not None:
+        return kind(message)
     error = MeshserveError(message)
     error.code = code
     return error
@@ -54,3 +57,16 @@ class Internal(MeshserveError):
     """A fault of ours (e.g. a model that raised during forward)."""
 
     code = grpc.StatusCode.INTERNAL
+
+
+_BY_CODE: dict[grpc.StatusCode, type[MeshserveError]] = {
+    kind.code: kind for kind in (InvalidArgument, NotFound, ResourceExhausted, Unavailable, DeadlineExceeded, Internal)
+}
+
+
+def from_rpc_error(service: str, exc: grpc.aio.AioRpcError) -> MeshserveError:
+    """A failed call to another service as the project's own error, its status code kept (so the mesh's retry
+    and ejection semantics hold when it is passed on). The one place where an `AioRpcError` is translated."""
+    error = error_with_code(exc.code(), f"{service}: {exc.details() or exc.code().name}")
+    error.__cause__ = exc
+    return error

@@ -23,11 +23,20 @@ NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
 class Lifecycle:
-    """What the service is doing now: readiness and draining, read by ServerReady-style RPCs."""
+    """What the service is doing now: readiness and draining, read by ServerLive/ServerReady-style RPCs.
+
+    Every handler answers liveness and readiness from here, so they mean the same in every service:
+    `live` is true until SIGTERM (the process serves and should not be restarted), `ready` only while health
+    says SERVING (loaded, warmed and not draining).
+    """
 
     def __init__(self) -> None:
         self.ready = False
         self.draining = False
+
+    @property
+    def live(self) -> bool:
+        return not self.draining
 
 
 def transport_options(settings: ServiceSettings) -> list[tuple[str, int]]:
