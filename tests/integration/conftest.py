@@ -1,15 +1,22 @@
-"""Fixtures for integration tests: real model-service processes on loopback, tritonclient as the client."""
+"""Fixtures for integration tests: real model-service processes on loopback, tritonclient as the client.
+
+tritonclient is imported only inside the fixtures: tests/integration/services (run in a pytest process of its
+own) imports services.protos, whose protobuf package `inference` cannot sit beside tritonclient's.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
-import tritonclient.grpc as triton
 
 from tests.helpers.models import Mlp, MultiIO, mlp_config, write_model
 from tests.helpers.servers import ServiceProcess, model_service
+
+if TYPE_CHECKING:
+    import tritonclient.grpc as triton
 
 
 @pytest.fixture(scope="module")
@@ -60,6 +67,8 @@ def server(repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ser
 
 @pytest.fixture()
 def client(server: ServiceProcess) -> Iterator[triton.InferenceServerClient]:
+    import tritonclient.grpc as triton
+
     c = triton.InferenceServerClient(server.address)
     yield c
     c.close()
