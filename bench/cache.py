@@ -20,7 +20,7 @@ from bench.serving import free_port, running
 from services.cache.client import CacheClient
 from services.cache.handler import CacheHandler, StoreItem
 from services.cache.keys import request_key
-from services.cache.settings import CacheServiceSettings
+from services.cache.settings import CacheSettings
 
 PREFIX = "cache"
 VALUE_BYTES = 256
@@ -35,9 +35,9 @@ def keys_for(ids: range | list[int]) -> list[bytes]:
     return [request_key("fraud", "fraud_mlp", "1", {"x": np.full((1, 30), i, dtype=np.float32)}) for i in ids]
 
 
-def settings(**overrides: Any) -> CacheServiceSettings:
+def settings(**overrides: Any) -> CacheSettings:
     base: dict[str, Any] = {"port": 0, "metrics_port": 0, "lookup_budget_ms": BUDGET_MS, "store_timeout_ms": 1000.0}
-    return CacheServiceSettings(**{**base, **overrides})
+    return CacheSettings(**{**base, **overrides})
 
 
 async def timed(call: Callable[[], Awaitable[Any]], iterations: int) -> tuple[float, float]:

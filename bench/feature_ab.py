@@ -32,11 +32,11 @@ async def measure() -> dict[str, float]:
 
     from bench.feature_service import BUDGET_MS, HISTORY_S, INGEST_BATCH, SET_ID, T_END, make_rows
     from services.feature.handler import FeatureHandler
-    from services.feature.settings import FeatureServiceSettings
+    from services.feature.settings import FeatureSettings
 
     server = ValkeyServer()
     server.start()
-    settings = FeatureServiceSettings(port=0, metrics_port=0, lookup_budget_ms=BUDGET_MS,
+    settings = FeatureSettings(port=0, metrics_port=0, lookup_budget_ms=BUDGET_MS,
                                       key_prefix="meshserve:bench:")  # fmt: skip
     handler = FeatureHandler(settings, server.connection_url)
     try:

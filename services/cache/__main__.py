@@ -7,7 +7,7 @@ import logging
 
 from services.cache.handler import CacheHandler
 from services.cache.servicer import SERVICE_NAME, CacheServicer
-from services.cache.settings import CacheServiceSettings
+from services.cache.settings import CacheSettings
 from services.common.embedded import redis_url_or_embedded
 from services.common.logs import setup_logging
 from services.common.server import GrpcService
@@ -16,7 +16,7 @@ from services.protos import cache_pb2_grpc
 log = logging.getLogger("services.cache")
 
 
-async def serve(settings: CacheServiceSettings) -> None:
+async def serve(settings: CacheSettings) -> None:
     async with redis_url_or_embedded(settings.redis_url) as url:
         handler = CacheHandler(settings, url)
         service = GrpcService("cache", settings, [SERVICE_NAME])
@@ -31,7 +31,7 @@ async def serve(settings: CacheServiceSettings) -> None:
 
 
 def main() -> None:
-    settings = CacheServiceSettings()
+    settings = CacheSettings()
     setup_logging("cache", settings.log_level)
     asyncio.run(serve(settings))
 

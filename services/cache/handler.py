@@ -19,12 +19,12 @@ from services.cache.entry import Entry
 from services.cache.fanout import RESET, Invalidation, InvalidationFanout
 from services.cache.l1 import L1Cache
 from services.cache.redis_tier import FAILURES, RedisTier
-from services.cache.settings import CacheServiceSettings
+from services.cache.settings import CacheSettings
 from services.common.errors import InvalidArgument
 from services.common.tracing import child_span
 
 log = logging.getLogger(__name__)
-tracer = trace.get_tracer("services.cache")
+tracer = trace.get_tracer("meshserve.cache")
 
 L1 = "l1"
 REDIS = "redis"
@@ -71,7 +71,7 @@ class CacheHandler:
     Build it inside the running event loop: it starts a task that applies other replicas' invalidations.
     """
 
-    def __init__(self, settings: CacheServiceSettings, redis_url: str | None) -> None:
+    def __init__(self, settings: CacheSettings, redis_url: str | None) -> None:
         self.settings = settings
         self.l1 = L1Cache(settings.l1_max_bytes, settings.l1_max_ttl_s)
         self.redis: RedisTier | None = None

@@ -8,7 +8,7 @@ from pydantic_settings import SettingsConfigDict
 from services.common.settings import ServiceSettings
 
 
-class CacheServiceSettings(ServiceSettings):
+class CacheSettings(ServiceSettings):
     """`python -m services.cache` reads these from the environment."""
 
     model_config = SettingsConfigDict(env_prefix="MESHSERVE_CACHE_", extra="ignore", frozen=True, populate_by_name=True)

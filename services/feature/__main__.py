@@ -10,13 +10,13 @@ from services.common.logs import setup_logging
 from services.common.server import GrpcService
 from services.feature.handler import FeatureHandler
 from services.feature.servicer import SERVICE_NAME, FeatureServicer
-from services.feature.settings import FeatureServiceSettings
+from services.feature.settings import FeatureSettings
 from services.protos import feature_pb2_grpc
 
 log = logging.getLogger("services.feature")
 
 
-async def serve(settings: FeatureServiceSettings) -> None:
+async def serve(settings: FeatureSettings) -> None:
     async with redis_url_or_embedded(settings.redis_url) as url:
         handler = FeatureHandler(settings, url)
         service = GrpcService("feature", settings, [SERVICE_NAME])
@@ -30,7 +30,7 @@ async def serve(settings: FeatureServiceSettings) -> None:
 
 
 def main() -> None:
-    settings = FeatureServiceSettings()
+    settings = FeatureSettings()
     setup_logging("feature", settings.log_level)
     asyncio.run(serve(settings))
 

@@ -33,7 +33,7 @@ from services.feature.spec import (
 from services.feature.store import AggregatePlan, AggregateResult
 
 log = logging.getLogger(__name__)
-tracer = trace.get_tracer("services.feature")
+tracer = trace.get_tracer("meshserve.feature")
 
 Scalar = str | int | float | bool
 PY_TYPE = {str: "string", int: "int64", float: "double", bool: "bool"}

@@ -18,11 +18,11 @@ from services.common.errors import InvalidArgument, NotFound, Unavailable
 from services.common.tracing import child_span
 from services.feature import metrics
 from services.feature.featureset import Features, FeatureSet, Scalar, load_feature_sets
-from services.feature.settings import FeatureServiceSettings
+from services.feature.settings import FeatureSettings
 from services.feature.store import FAILURES, AggregateResult, OnlineStore
 
 log = logging.getLogger(__name__)
-tracer = trace.get_tracer("services.feature")
+tracer = trace.get_tracer("meshserve.feature")
 
 Row = Mapping[str, Scalar | None]
 SEND_TURNS = 2  # loop turns redis.asyncio needs from a call to its command on the socket (pool checkout, then write)
@@ -31,7 +31,7 @@ SEND_TURNS = 2  # loop turns redis.asyncio needs from a call to its command on t
 class FeatureHandler:
     """Everything the feature RPCs do. Build it inside the running event loop."""
 
-    def __init__(self, settings: FeatureServiceSettings, redis_url: str) -> None:
+    def __init__(self, settings: FeatureSettings, redis_url: str) -> None:
         self.settings = settings
         self.sets = load_feature_sets(settings.features_dir)
         self.store = OnlineStore(

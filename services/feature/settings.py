@@ -12,7 +12,7 @@ from services.common.settings import ServiceSettings
 ROOT = Path(__file__).resolve().parents[2]
 
 
-class FeatureServiceSettings(ServiceSettings):
+class FeatureSettings(ServiceSettings):
     """`python -m services.feature` reads these from the environment."""
 
     model_config = SettingsConfigDict(

@@ -7,12 +7,12 @@ import logging
 
 from services.common.logs import setup_logging
 from services.common.server import GrpcService
-from services.model.dataplane import DataPlane
 from services.model.gpu_metrics import register_gpu_metrics
+from services.model.handler import ModelHandler
 from services.model.manager import ModelManager
 from services.model.repository import ModelRepository
 from services.model.servicer import InferenceServicer
-from services.model.settings import ModelServiceSettings
+from services.model.settings import ModelSettings
 from services.model.watcher import watch_repository
 from services.protos import inference_pb2_grpc
 
@@ -20,7 +20,7 @@ log = logging.getLogger("services.model")
 SERVICE_NAME = "inference.GRPCInferenceService"
 
 
-async def serve(settings: ModelServiceSettings) -> None:
+async def serve(settings: ModelSettings) -> None:
     if settings.torch_threads:
         import torch
 
@@ -33,7 +33,7 @@ async def serve(settings: ModelServiceSettings) -> None:
         pinned_versions=settings.pinned_versions,
         fault_delay_ms=settings.fault_delay_ms,
     )
-    dataplane = DataPlane(manager, service.lifecycle)
+    dataplane = ModelHandler(manager, service.lifecycle)
     inference_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(dataplane), service.server)
     stop_watch = asyncio.Event()
     tasks: list[asyncio.Task[None]] = []
@@ -57,7 +57,7 @@ async def serve(settings: ModelServiceSettings) -> None:
 
 
 def main() -> None:
-    settings = ModelServiceSettings()
+    settings = ModelSettings()
     setup_logging("model", settings.log_level)
     asyncio.run(serve(settings))
 

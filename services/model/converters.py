@@ -5,7 +5,7 @@ from __future__ import annotations
 from services.common.tensor_codec import decode_request_inputs, encode_raw
 from services.common.triton_config import MODEL_CONFIG_DATA_TYPES
 from services.model.config import ModelConfig
-from services.model.dataplane import InferenceRequest, InferenceResponse
+from services.model.handler import InferenceRequest, InferenceResponse
 from services.model.stats import Duration, VersionStats
 from services.model.version import ModelVersion
 from services.protos import inference_pb2 as pb

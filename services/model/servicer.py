@@ -1,4 +1,4 @@
-"""The v2 GRPCInferenceService of the model service: protobuf in, one DataPlane call, protobuf out."""
+"""The v2 GRPCInferenceService of the model service: protobuf in, one ModelHandler call, protobuf out."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 import grpc
 
 from services.model import converters
-from services.model.dataplane import EXTENSIONS, SERVER_NAME, SERVER_VERSION, DataPlane
+from services.model.handler import EXTENSIONS, SERVER_NAME, SERVER_VERSION, ModelHandler
 from services.protos import inference_pb2 as pb
 from services.protos import inference_pb2_grpc as pb_grpc
 
@@ -19,7 +19,7 @@ def deadline_of(context: grpc.aio.ServicerContext) -> float | None:
 
 
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
-    def __init__(self, dataplane: DataPlane) -> None:
+    def __init__(self, dataplane: ModelHandler) -> None:
         self.dp = dataplane
 
     async def ServerLive(self, request: pb.ServerLiveRequest, context: grpc.aio.ServicerContext):

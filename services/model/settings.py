@@ -10,7 +10,7 @@ from pydantic_settings import SettingsConfigDict
 from services.common.settings import ServiceSettings
 
 
-class ModelServiceSettings(ServiceSettings):
+class ModelSettings(ServiceSettings):
     """`python -m services.model` reads these from the environment."""
 
     model_config = SettingsConfigDict(env_prefix="MESHSERVE_MODEL_", extra="ignore", frozen=True)

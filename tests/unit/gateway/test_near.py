@@ -13,7 +13,7 @@ from services.cache.fanout import Invalidation
 from services.cache.handler import CacheHandler
 from services.cache.l1 import L1Cache
 from services.cache.servicer import SERVICE_NAME, CacheServicer
-from services.cache.settings import CacheServiceSettings
+from services.cache.settings import CacheSettings
 from services.gateway.near import NearCacheWatch
 from services.gateway.pipeline import load_pipelines
 from services.gateway.runner import PipelineRunner
@@ -37,7 +37,7 @@ async def wait_for(condition, what: str, timeout_s: float = 5.0) -> None:
 
 
 async def test_near_cache_follows_invalidations_and_falls_back_when_the_stream_ends() -> None:
-    settings = CacheServiceSettings(host="127.0.0.1", port=0, metrics_port=0, watch_heartbeat_s=0.2)
+    settings = CacheSettings(host="127.0.0.1", port=0, metrics_port=0, watch_heartbeat_s=0.2)
     handler = CacheHandler(settings, None)
     register = lambda server: pb_grpc.add_CacheServiceServicer_to_server(CacheServicer(handler), server)  # noqa: E731
     near = L1Cache(1 << 20, 2.0)

@@ -10,15 +10,15 @@ import pytest
 from services.common.errors import InvalidArgument, NotFound
 from services.model.manager import ModelManager
 from services.model.repository import ModelRepository
-from services.model.settings import ModelServiceSettings
+from services.model.settings import ModelSettings
 from tests.helpers.models import Mlp, mlp_config, write_model
 
 
 def test_setting_reads_json_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MESHSERVE_MODEL_PINNED_VERSIONS", '{"fraud_mlp": [1]}')
-    assert ModelServiceSettings().pinned_versions == {"fraud_mlp": [1]}
+    assert ModelSettings().pinned_versions == {"fraud_mlp": [1]}
     monkeypatch.delenv("MESHSERVE_MODEL_PINNED_VERSIONS")
-    assert ModelServiceSettings().pinned_versions == {}
+    assert ModelSettings().pinned_versions == {}
 
 
 @pytest.mark.parametrize(("pinned", "served"), [(None, [1, 2]), ([1], [1]), ([2], [2]), ([1, 2, 7], [1, 2])])

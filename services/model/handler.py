@@ -39,7 +39,7 @@ class InferenceResponse:
     id: str = ""
 
 
-class DataPlane:
+class ModelHandler:
     """Everything the v2 RPCs do, in domain types."""
 
     def __init__(self, manager: ModelManager, lifecycle: Lifecycle) -> None:
