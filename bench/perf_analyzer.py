@@ -211,15 +211,23 @@ def perf_analyzer_command(
     """The perf_analyzer command line (without the binary's directory when shown to people)."""
     cmd = [
         perf_analyzer_path(),
-        "-m", model,
-        "-u", url,
-        "-i", "grpc",
-        "-b", str(batch),
-        "--concurrency-range", f"{concurrency}:{concurrency}",
-        "--measurement-interval", str(measurement_ms),
-        "--stability-percentage", "15",
-        "--max-trials", "10",
-    ]  # fmt: skip
+        "-m",
+        model,
+        "-u",
+        url,
+        "-i",
+        "grpc",
+        "-b",
+        str(batch),
+        "--concurrency-range",
+        f"{concurrency}:{concurrency}",
+        "--measurement-interval",
+        str(measurement_ms),
+        "--stability-percentage",
+        "15",
+        "--max-trials",
+        "10",
+    ]
     if shape:
         cmd += ["--shape", shape]
     cmd += list(extra)

@@ -189,7 +189,7 @@ def test_unknown_pipeline_and_oversized_batch(stack: Stack) -> None:
 
 @pytest.mark.skipif(
     not (_has_libb64() and installed_cudart_lib() is not None),
-    reason="perf_analyzer needs Debian's libb64-0d (`make test` installs it) and libcudart (the dev extra)",
+    reason="perf_analyzer needs Debian's libb64-0d (`make test` installs it) and `.venv-perf` (`make setup`)",
 )
 def test_perf_analyzer_runs_against_the_fraud_pipeline(stack: Stack, tmp_path: Path) -> None:
     data = perf_analyzer_data(tmp_path / "transactions.json")

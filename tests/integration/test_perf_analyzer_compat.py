@@ -2,8 +2,9 @@
 
 perf_analyzer refuses to start unless ModelMetadata and ModelConfig answer with Triton's messages, and
 reads ModelStatistics for its server-side breakdown, so a short run is a real compatibility check.
-perf_analyzer needs libcudart.so.12 (the `dev` extra installs nvidia-cuda-runtime-cu12) and Debian's
-libb64-0d (`make bench` installs it with apt); without them this test skips.
+perf_analyzer (and the libcudart.so.12 it links against) come from the `.venv-perf` tool virtualenv that
+`make setup` makes; it also needs Debian's libb64-0d (`make test` installs it with apt); without them this
+test skips.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.skipif(
     not (_has_libb64() and installed_cudart_lib() is not None),
-    reason="perf_analyzer needs Debian's libb64-0d (`make bench` installs it) and libcudart (the dev extra)",
+    reason="perf_analyzer needs Debian's libb64-0d (`make test` installs it) and `.venv-perf` (`make setup`)",
 )
 def test_perf_analyzer_measures_fraud_mlp(tmp_path: Path) -> None:
     repo = tmp_path / "repo"
