@@ -40,8 +40,18 @@ MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
 WARM_MOST_S = 30  # the longest cache warm-up before a cache-on run
 PA_STREAM = 20_000  # requests in the perf_analyzer Zipf input file
 PA_MOST_CONCURRENCY = 8  # perf_analyzer stops at the first error, and beyond this the gateway sheds some calls
-FIELDS = ("event_time", "user_id", "merchant_id", "device_id", "amount", "country", "channel", "mcc",
-          "card_present", "account_age_days")  # fmt: skip
+FIELDS = (
+    "event_time",
+    "user_id",
+    "merchant_id",
+    "device_id",
+    "amount",
+    "country",
+    "channel",
+    "mcc",
+    "card_present",
+    "account_age_days",
+)
 
 
 def transaction_values(i: int, t0: int) -> dict[str, np.ndarray | str]:
@@ -177,8 +187,10 @@ def perf_analyzer_zipf_data(path: Path, pool: int, t0: int, n: int = PA_STREAM) 
     turn, round and round), and the share of them that repeat an earlier one (the hits of one cold pass)."""
     ranks = zipf_ranks(pool, n, seed=99)
     rows = {i: transaction_values(i, t0) for i in set(ranks)}
-    entries = [{name: [v] if isinstance(v, str) else [x.item() for x in v.reshape(-1)]
-                for name, v in rows[i].items()} for i in ranks]  # fmt: skip
+    entries = [
+        {name: [v] if isinstance(v, str) else [x.item() for x in v.reshape(-1)] for name, v in rows[i].items()}
+        for i in ranks
+    ]
     path.write_text(json.dumps({"data": entries}))
     return path, 1 - len(set(ranks)) / n
 
@@ -243,8 +255,14 @@ def main() -> None:
 
     def env(svc: str, port: int, **extra: str) -> dict[str, str]:
         prefix = f"MESHSERVE_{svc.upper()}_"
-        return {**quiet, f"{prefix}PORT": str(port), f"{prefix}METRICS_PORT": "0", f"{prefix}HOST": "127.0.0.1",
-                "MESHSERVE_REDIS_URL": valkey.connection_url, **extra}  # fmt: skip
+        return {
+            **quiet,
+            f"{prefix}PORT": str(port),
+            f"{prefix}METRICS_PORT": "0",
+            f"{prefix}HOST": "127.0.0.1",
+            "MESHSERVE_REDIS_URL": valkey.connection_url,
+            **extra,
+        }
 
     addresses = {
         f"MESHSERVE_GATEWAY_{s.upper()}_ADDRESS": f"127.0.0.1:{ports[s]}" for s in ("model", "feature", "cache")
@@ -255,12 +273,19 @@ def main() -> None:
             running("model", [*py, "services.model"], ports["model"], env("model", ports["model"])),
             running("feature", [*py, "services.feature"], ports["feature"], env("feature", ports["feature"])),
             running("cache", [*py, "services.cache"], ports["cache"], env("cache", ports["cache"])),
-            running("gateway cache on", [*py, "services.gateway"], ports["gw_on"],
-                    env("gateway", ports["gw_on"], **addresses,
-                        MESHSERVE_GATEWAY_METRICS_PORT=str(ports["gw_on_metrics"]))),
-            running("gateway cache off", [*py, "services.gateway"], ports["gw_off"],
-                    env("gateway", ports["gw_off"], **addresses, MESHSERVE_GATEWAY_PIPELINES_DIR=str(off_dir))),
-        ):  # fmt: skip
+            running(
+                "gateway cache on",
+                [*py, "services.gateway"],
+                ports["gw_on"],
+                env("gateway", ports["gw_on"], **addresses, MESHSERVE_GATEWAY_METRICS_PORT=str(ports["gw_on_metrics"])),
+            ),
+            running(
+                "gateway cache off",
+                [*py, "services.gateway"],
+                ports["gw_off"],
+                env("gateway", ports["gw_off"], **addresses, MESHSERVE_GATEWAY_PIPELINES_DIR=str(off_dir)),
+            ),
+        ):
             results = asyncio.run(measure(args, t0, ports))
             perf = perf_analyzer_zipf(args, t0, ports) if not args.no_perf_analyzer else {}
     valkey.stop()
@@ -284,8 +309,9 @@ async def measure(args: argparse.Namespace, t0: int, ports: dict[str, int]) -> d
     return results
 
 
-async def warm_cache(address: str, concurrency: int, next_request: Callable[[], bytes],
-                     most_s: int = WARM_MOST_S) -> list[float]:  # fmt: skip
+async def warm_cache(
+    address: str, concurrency: int, next_request: Callable[[], bytes], most_s: int = WARM_MOST_S
+) -> list[float]:
     """Send the stream until the cache is in its steady state: the hit ratio of a second no longer rises by a
     point (or `most_s` seconds). A cache serves for hours; a few cold seconds of compulsory misses (the Zipf
     tail seen for the first time) are not what it does then. Returns the hit ratio of each second."""
@@ -320,23 +346,60 @@ def report(results: dict[tuple[str, int], Run], args: argparse.Namespace, perf: 
         on, off = results[("zipf cache on", c)], results[("zipf cache off", c)]
         ratio = on.throughput / off.throughput if off.throughput else float("nan")
         ratio_rows.append([c, on.throughput, off.throughput, f"{ratio:.2f}x", "yes" if ratio >= 3 else "NO"])
-        figures.append(figure(f"pipeline.zipf.c{c}.cache_on_vs_off", round(ratio, 2), "x",
-                              "the same Zipf(1.1) stream with the pipeline cache off", COMMAND))  # fmt: skip
-    print_table(["concurrency", "cache on req/s", "cache off req/s", "on / off", "target >= 3x"], ratio_rows,
-                "Zipf(1.1) stream: cache on vs off, side by side (Python grpc.aio client)")  # fmt: skip
+        figures.append(
+            figure(
+                f"pipeline.zipf.c{c}.cache_on_vs_off",
+                round(ratio, 2),
+                "x",
+                "the same Zipf(1.1) stream with the pipeline cache off",
+                COMMAND,
+            )
+        )
+    print_table(
+        ["concurrency", "cache on req/s", "cache off req/s", "on / off", "target >= 3x"],
+        ratio_rows,
+        "Zipf(1.1) stream: cache on vs off, side by side (Python grpc.aio client)",
+    )
     if perf:
         perf_rows = []
         for c, (off, on, hits) in perf.items():
             ratio = on.throughput / off.throughput if off.throughput else float("nan")
-            perf_rows.append([c, round(on.throughput), round(off.throughput), f"{hits:.0%}", f"{on.p50_ms:.2f}",
-                              f"{off.p50_ms:.2f}", f"{ratio:.2f}x", "yes" if ratio >= 3 else "NO"])  # fmt: skip
-            figures.append(figure(f"pipeline.zipf.perf_analyzer.c{c}.cache_on_vs_off", round(ratio, 2), "x",
-                                  "the same Zipf(1.1) stream with the pipeline cache off",
-                                  f"{COMMAND} ({on.command})"))  # fmt: skip
-        print_table(["concurrency", "cache on req/s", "cache off req/s", "hits", "on p50 ms", "off p50 ms",
-                     "on / off", "target >= 3x"], perf_rows,
-                    f"Zipf(1.1) stream: cache on vs off, side by side (perf_analyzer, {PA_STREAM:,} requests "
-                    "in Zipf order, round and round)")  # fmt: skip
+            perf_rows.append(
+                [
+                    c,
+                    round(on.throughput),
+                    round(off.throughput),
+                    f"{hits:.0%}",
+                    f"{on.p50_ms:.2f}",
+                    f"{off.p50_ms:.2f}",
+                    f"{ratio:.2f}x",
+                    "yes" if ratio >= 3 else "NO",
+                ]
+            )
+            figures.append(
+                figure(
+                    f"pipeline.zipf.perf_analyzer.c{c}.cache_on_vs_off",
+                    round(ratio, 2),
+                    "x",
+                    "the same Zipf(1.1) stream with the pipeline cache off",
+                    f"{COMMAND} ({on.command})",
+                )
+            )
+        print_table(
+            [
+                "concurrency",
+                "cache on req/s",
+                "cache off req/s",
+                "hits",
+                "on p50 ms",
+                "off p50 ms",
+                "on / off",
+                "target >= 3x",
+            ],
+            perf_rows,
+            f"Zipf(1.1) stream: cache on vs off, side by side (perf_analyzer, {PA_STREAM:,} requests "
+            "in Zipf order, round and round)",
+        )
 
     stage_rows = []
     for c in args.concurrency:
@@ -344,8 +407,13 @@ def report(results: dict[tuple[str, int], Run], args: argparse.Namespace, perf: 
         total = statistics.fmean(run.latencies) * 1e3
         shares = {s: statistics.fmean(v) / total for s, v in run.stages.items() if s not in ("total",)}
         own = statistics.median(run.stages.get("gateway", [float("nan")]))
-        stage_rows.append([c, *(f"{shares.get(s, 0):.0%}" for s in ("cache", "features", "model", "gateway",
-                                                                         "client_minus_stages")), own])  # fmt: skip
+        stage_rows.append(
+            [
+                c,
+                *(f"{shares.get(s, 0):.0%}" for s in ("cache", "features", "model", "gateway", "client_minus_stages")),
+                own,
+            ]
+        )
         what = "end to end inside the gateway minus its cache, feature and model calls"
         figures.append(figure(f"pipeline.all_miss.c{c}.gateway_own_p50", round(own, 3), "ms", what, COMMAND))
     headers = ["concurrency", "cache", "features", "model", "gateway own", "outside stages", "gateway own p50 ms"]

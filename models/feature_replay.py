@@ -30,12 +30,19 @@ KEY_PREFIX = "meshserve:replay:"
 
 def replay_settings(features_dir: Path = FEATURES_DIR) -> FeatureSettings:
     """Service settings for an offline replay: no ports, and a lookup budget no loaded machine misses."""
-    return FeatureSettings(features_dir=features_dir, port=0, metrics_port=0, key_prefix=KEY_PREFIX,
-                                  lookup_budget_ms=120_000.0, ingest_timeout_ms=120_000.0)  # fmt: skip
+    return FeatureSettings(
+        features_dir=features_dir,
+        port=0,
+        metrics_port=0,
+        key_prefix=KEY_PREFIX,
+        lookup_budget_ms=120_000.0,
+        ingest_timeout_ms=120_000.0,
+    )
 
 
-def independent_chunks(rows: Sequence[Mapping[str, Any]], ts_field: str, entity_fields: Sequence[str],
-                       max_rows: int) -> Iterator[tuple[int, int]]:  # fmt: skip
+def independent_chunks(
+    rows: Sequence[Mapping[str, Any]], ts_field: str, entity_fields: Sequence[str], max_rows: int
+) -> Iterator[tuple[int, int]]:
     """[start, end) ranges of time-sorted rows, cut before a row that shares an entity id with an earlier
     second of its chunk (so no row of a chunk depends on another) and at most max_rows long."""
     start = 0
@@ -57,8 +64,9 @@ def independent_chunks(rows: Sequence[Mapping[str, Any]], ts_field: str, entity_
         yield start, len(rows)
 
 
-async def replay(handler: FeatureHandler, set_id: str, rows: Sequence[Mapping[str, Any]],
-                 compute_from: int = 0) -> np.ndarray:  # fmt: skip
+async def replay(
+    handler: FeatureHandler, set_id: str, rows: Sequence[Mapping[str, Any]], compute_from: int = 0
+) -> np.ndarray:
     """Ingest time-sorted rows in order, computing the features of rows[compute_from:] as of each row.
 
     Returns (len(rows) - compute_from, columns) FP32. Raises RuntimeError if the store degraded any row
@@ -82,8 +90,9 @@ async def replay(handler: FeatureHandler, set_id: str, rows: Sequence[Mapping[st
     return out
 
 
-async def _replay_embedded(set_id: str, rows: Sequence[Mapping[str, Any]], compute_from: int,
-                           features_dir: Path) -> np.ndarray:  # fmt: skip
+async def _replay_embedded(
+    set_id: str, rows: Sequence[Mapping[str, Any]], compute_from: int, features_dir: Path
+) -> np.ndarray:
     valkey = EmbeddedValkey()
     await valkey.start()
     try:
@@ -96,7 +105,8 @@ async def _replay_embedded(set_id: str, rows: Sequence[Mapping[str, Any]], compu
         await valkey.stop()
 
 
-def replay_features(set_id: str, rows: Sequence[Mapping[str, Any]], compute_from: int = 0,
-                    features_dir: Path = FEATURES_DIR) -> np.ndarray:  # fmt: skip
+def replay_features(
+    set_id: str, rows: Sequence[Mapping[str, Any]], compute_from: int = 0, features_dir: Path = FEATURES_DIR
+) -> np.ndarray:
     """`replay` on a fresh embedded Valkey (synchronous; for training and tools)."""
     return asyncio.run(_replay_embedded(set_id, rows, compute_from, features_dir))

@@ -66,8 +66,10 @@ def check_zscore_stats(dataset: Dataset, features_dir: Path = FEATURES_DIR) -> N
     (zscore,) = [f for f in load_spec(path).features if isinstance(f, ZScore) and f.input == "amount"]
     mean, std = amount_stats(dataset)
     if not (np.isclose(zscore.mean, mean, rtol=1e-3) and np.isclose(zscore.std, std, rtol=1e-3)):
-        raise ValueError(f"{path}: {zscore.name} has mean {zscore.mean}, std {zscore.std} but the training data "
-                         f"gives mean {mean:.2f}, std {std:.2f}: commit those (and bump the version)")  # fmt: skip
+        raise ValueError(
+            f"{path}: {zscore.name} has mean {zscore.mean}, std {zscore.std} but the training data "
+            f"gives mean {mean:.2f}, std {std:.2f}: commit those (and bump the version)"
+        )
 
 
 class FraudMLP(nn.Module):

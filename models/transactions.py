@@ -19,8 +19,10 @@ FRAUD_EPISODES = 170
 HOME = (["us", "ca", "gb", "de", "fr", "br"], [0.6, 0.1, 0.1, 0.08, 0.07, 0.05])
 TRAVEL = ["us", "ca", "gb", "de", "fr", "br", "in", "cn", "id", "mx"]  # mx: not in the risk table (default)
 FAR = ["ng", "ru", "ua", "cn", "id", "in", "vn", "ro"]  # vn, ro: not in the risk table
-MCC = (["5411", "5812", "5999", "5732", "5311", "6011", "7995", "4829"],
-       [0.30, 0.25, 0.14, 0.10, 0.13, 0.03, 0.02, 0.03])  # fmt: skip
+MCC = (
+    ["5411", "5812", "5999", "5732", "5311", "6011", "7995", "4829"],
+    [0.30, 0.25, 0.14, 0.10, 0.13, 0.03, 0.02, 0.03],
+)
 RISKY_MCC = {"6011", "7995", "4829", "5732"}
 CHANNELS = ["web", "app", "pos", "moto"]
 
@@ -63,8 +65,9 @@ def generate(seed: int, users: int = N_USERS, days: int = DAYS, episodes: int = 
     risky = np.flatnonzero(np.isin(merchant_mcc, list(RISKY_MCC)))
 
     times: list[np.ndarray] = []
-    cols: dict[str, list[np.ndarray]] = {k: [] for k in ("user", "merchant", "device", "amount", "country", "channel",
-                                                           "present", "age", "label")}  # fmt: skip
+    cols: dict[str, list[np.ndarray]] = {
+        k: [] for k in ("user", "merchant", "device", "amount", "country", "channel", "present", "age", "label")
+    }
 
     def add(t: np.ndarray, **values: np.ndarray) -> None:
         times.append(t.astype(np.int64))
@@ -98,8 +101,18 @@ def generate(seed: int, users: int = N_USERS, days: int = DAYS, episodes: int = 
         amount = spend[u] * rng.lognormal(0.0, 0.5, n)
         big = rng.random(n) < 0.015  # a big purchase now and then
         amount[big] *= rng.uniform(3.0, 8.0, int(big.sum()))
-        add(t, user=np.full(n, u), merchant=merchant, device=device, amount=amount, country=country,
-            channel=channel, present=channel == "pos", age=np.full(n, age[u]), label=np.zeros(n, np.int64))  # fmt: skip
+        add(
+            t,
+            user=np.full(n, u),
+            merchant=merchant,
+            device=device,
+            amount=amount,
+            country=country,
+            channel=channel,
+            present=channel == "pos",
+            age=np.full(n, age[u]),
+            label=np.zeros(n, np.int64),
+        )
 
     fraud_devices = [f"fd{i}" for i in range(N_FRAUD_DEVICES)]
     for e in range(episodes):
@@ -114,16 +127,28 @@ def generate(seed: int, users: int = N_USERS, days: int = DAYS, episodes: int = 
         else:
             device = f"d{u}_0"
         country = rng.choice(FAR) if rng.random() < 0.45 else home[u]
-        channel = rng.choice(["web", "moto", "app"], k, p=[0.6, 0.25, 0.15]) if rng.random() < 0.85 else \
-            rng.choice(CHANNELS, k)  # fmt: skip
+        channel = (
+            rng.choice(["web", "moto", "app"], k, p=[0.6, 0.25, 0.15])
+            if rng.random() < 0.85
+            else rng.choice(CHANNELS, k)
+        )
         merchant = rng.choice(risky, k) if rng.random() < 0.5 else rng.choice(N_MERCHANTS, k, p=popularity)
         scale = rng.lognormal(np.log(4.0), 0.6) if rng.random() < 0.55 else rng.lognormal(0.0, 0.3)
         amount = spend[u] * scale * rng.lognormal(0.0, 0.4, k)
         if rng.random() < 0.15:  # card testing: tiny amounts first
             amount[: max(1, k - 1)] = rng.uniform(0.5, 3.0, max(1, k - 1))
-        add(t, user=np.full(k, u), merchant=merchant, device=np.full(k, device, dtype=object), amount=amount,
-            country=np.full(k, country, dtype=object), channel=channel, present=channel == "pos",
-            age=np.full(k, age[u]), label=np.ones(k, np.int64))  # fmt: skip
+        add(
+            t,
+            user=np.full(k, u),
+            merchant=merchant,
+            device=np.full(k, device, dtype=object),
+            amount=amount,
+            country=np.full(k, country, dtype=object),
+            channel=channel,
+            present=channel == "pos",
+            age=np.full(k, age[u]),
+            label=np.ones(k, np.int64),
+        )
 
     t_all = np.concatenate(times)
     keep = (t_all >= START) & (t_all < end)
@@ -131,12 +156,29 @@ def generate(seed: int, users: int = N_USERS, days: int = DAYS, episodes: int = 
     col = {key: np.concatenate(v)[keep][order] for key, v in cols.items()}
     t_sorted = t_all[keep][order]
     rows = [
-        {"event_time": int(t), "user_id": f"u{u}", "merchant_id": f"m{m}", "device_id": str(d),
-         "amount": round(float(a), 2), "country": str(c), "channel": str(ch), "mcc": str(merchant_mcc[m]),
-         "card_present": bool(p), "account_age_days": float(ag)}
-        for t, u, m, d, a, c, ch, p, ag in zip(t_sorted.tolist(), col["user"].tolist(), col["merchant"].tolist(),
-                                               col["device"].tolist(), col["amount"].tolist(),
-                                               col["country"].tolist(), col["channel"].tolist(),
-                                               col["present"].tolist(), col["age"].tolist(), strict=True)
-    ]  # fmt: skip
+        {
+            "event_time": int(t),
+            "user_id": f"u{u}",
+            "merchant_id": f"m{m}",
+            "device_id": str(d),
+            "amount": round(float(a), 2),
+            "country": str(c),
+            "channel": str(ch),
+            "mcc": str(merchant_mcc[m]),
+            "card_present": bool(p),
+            "account_age_days": float(ag),
+        }
+        for t, u, m, d, a, c, ch, p, ag in zip(
+            t_sorted.tolist(),
+            col["user"].tolist(),
+            col["merchant"].tolist(),
+            col["device"].tolist(),
+            col["amount"].tolist(),
+            col["country"].tolist(),
+            col["channel"].tolist(),
+            col["present"].tolist(),
+            col["age"].tolist(),
+            strict=True,
+        )
+    ]
     return Stream(rows, col["label"].astype(np.int64), warmup_end)

@@ -51,10 +51,15 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Serv
         cache = stack.enter_context(cache_service(logs))
         gateway = stack.enter_context(
             gateway_service(
-                logs, model.address, f"127.0.0.1:{free_port()}", cache.address, pipelines,
-                MESHSERVE_GATEWAY_VERSIONS_REFRESH_S="0.2", MESHSERVE_GATEWAY_VERSIONS_TTL_S="0.6",
+                logs,
+                model.address,
+                f"127.0.0.1:{free_port()}",
+                cache.address,
+                pipelines,
+                MESHSERVE_GATEWAY_VERSIONS_REFRESH_S="0.2",
+                MESHSERVE_GATEWAY_VERSIONS_TTL_S="0.6",
             )
-        )  # fmt: skip
+        )
         yield repo, gateway, model
 
 
@@ -96,9 +101,10 @@ def flood(
                     results[priority].append((code, time.perf_counter() - start))
 
     threads = [
-        threading.Thread(target=work, args=(p, n * 1000 + k)) for n, (p, count) in enumerate(workers.items())
+        threading.Thread(target=work, args=(p, n * 1000 + k))
+        for n, (p, count) in enumerate(workers.items())
         for k in range(count)
-    ]  # fmt: skip
+    ]
     for t in threads:
         t.start()
     for t in threads:

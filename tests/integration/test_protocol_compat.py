@@ -22,8 +22,9 @@ ROOT = Path(__file__).resolve().parents[2]
 def ours() -> descriptor_pb2.FileDescriptorSet:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "set.pb"
-        rc = protoc.main(["protoc", f"-I{ROOT / 'protos'}", f"--descriptor_set_out={out}", "inference.proto",
-                          "model_config.proto"])  # fmt: skip
+        rc = protoc.main(
+            ["protoc", f"-I{ROOT / 'protos'}", f"--descriptor_set_out={out}", "inference.proto", "model_config.proto"]
+        )
         assert rc == 0
         return descriptor_pb2.FileDescriptorSet.FromString(out.read_bytes())
 
@@ -65,8 +66,11 @@ def test_every_message_and_field_matches_tritonclient() -> None:
             other = their_fields.get(field.number)
             assert other is not None, f"{name}.{field.name} = {field.number} does not exist in tritonclient"
             assert (field.name, field.type, field.label, field.type_name) == (
-                other.name, other.type, other.label, other.type_name,
-            ), f"{name}.{field.name} differs from tritonclient"  # fmt: skip
+                other.name,
+                other.type,
+                other.label,
+                other.type_name,
+            ), f"{name}.{field.name} differs from tritonclient"
     our_enums = {k: v for f in our_files for k, v in _enums(f.package, f).items()}
     their_enums = {k: v for f in their_files for k, v in _enums(f.package, f).items()}
     for name, values in our_enums.items():
@@ -80,15 +84,26 @@ def test_every_rpc_matches_tritonclient() -> None:
     assert our_service.name == their_service.name == "GRPCInferenceService"
     theirs_by_name = {m.name: m for m in their_service.method}
     required = {
-        "ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata", "ModelInfer", "ModelConfig",
-        "ModelStatistics", "RepositoryIndex", "RepositoryModelLoad", "RepositoryModelUnload",
-    }  # fmt: skip
+        "ServerLive",
+        "ServerReady",
+        "ModelReady",
+        "ServerMetadata",
+        "ModelMetadata",
+        "ModelInfer",
+        "ModelConfig",
+        "ModelStatistics",
+        "RepositoryIndex",
+        "RepositoryModelLoad",
+        "RepositoryModelUnload",
+    }
     assert required <= {m.name for m in our_service.method}
     for method in our_service.method:
         other = theirs_by_name[method.name]
         assert (method.input_type, method.output_type, method.server_streaming) == (
-            other.input_type, other.output_type, other.server_streaming,
-        )  # fmt: skip
+            other.input_type,
+            other.output_type,
+            other.server_streaming,
+        )
 
 
 @pytest.mark.parametrize("stale", [False, True])

@@ -30,9 +30,10 @@ def traced_request(stack: Stack, i: int) -> str:
     trace_id = secrets.token_hex(16)
     client = triton.InferenceServerClient(stack.ingress)
     result = client.infer(
-        "fraud", infer_inputs(transaction(i, user=f"traced-{i}-{trace_id[:6]}")),
+        "fraud",
+        infer_inputs(transaction(i, user=f"traced-{i}-{trace_id[:6]}")),
         headers={"traceparent": f"00-{trace_id}-{secrets.token_hex(8)}-01"},
-    )  # fmt: skip
+    )
     assert params(result)["cache"] == "miss"
     return trace_id
 
@@ -80,9 +81,15 @@ def test_one_request_is_one_trace_through_envoy_and_every_service(tmp_path: Path
     names = {(s.service, s.name) for s in spans}
     services = {s.service for s in spans}
     assert {"gateway", "cache", "feature", "model"} <= services, services
-    for expected in [("gateway", "cache.lookup"), ("gateway", "features"), ("gateway", "model"),
-                     ("gateway", "cache.store"), ("feature", "feature.online_lookup"),
-                     ("model", "model.queue_wait"), ("model", "model.forward")]:  # fmt: skip
+    for expected in [
+        ("gateway", "cache.lookup"),
+        ("gateway", "features"),
+        ("gateway", "model"),
+        ("gateway", "cache.store"),
+        ("feature", "feature.online_lookup"),
+        ("model", "model.queue_wait"),
+        ("model", "model.forward"),
+    ]:
         assert expected in names, sorted(names)
 
     def one(service: str, name: str) -> SpanRecord:
