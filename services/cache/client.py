@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Hashable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 import grpc
 
+from services.cache.fanout import Invalidation
+from services.common.errors import from_rpc_error
 from services.protos import cache_pb2 as pb
 from services.protos import cache_pb2_grpc as pb_grpc
 
@@ -81,7 +83,7 @@ class CacheClient:
             response = await self.stub.Lookup(request, timeout=timeout_s or self.timeout_s, metadata=tuple(metadata))
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
-                raise
+                raise from_rpc_error("cache service", exc) from exc
             log.debug("cache lookup failed open: %s", exc.code().name)
             return [None] * len(keys)
         return [CachedValue(r.value, r.model_version, r.age_s, r.stale) if r.hit else None for r in response.results]
@@ -108,7 +110,7 @@ class CacheClient:
             )
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
-                raise
+                raise from_rpc_error("cache service", exc) from exc
             return False
         return response.stored == 1
 
@@ -141,8 +143,26 @@ class CacheClient:
         response = await self.stub.Invalidate(request, timeout=max(1.0, self.timeout_s))
         return response.l1_removed, response.redis_removed
 
-    async def stats(self) -> pb.StatsResponse:
-        return await self.stub.Stats(pb.StatsRequest(), timeout=max(1.0, self.timeout_s))
+    async def watch(self, metadata: Sequence[tuple[str, str]] = ()) -> AsyncIterator[Invalidation]:
+        """Every invalidation a cache replica applies (a reset first, heartbeats while quiet) until the stream
+        ends; a failed stream raises MeshserveError."""
+        call = self.stub.Watch(pb.WatchRequest(), metadata=tuple(metadata))
+        try:
+            async for event in call:
+                yield Invalidation(event.reset, event.pipeline, event.model_name, event.model_version)
+        except grpc.aio.AioRpcError as exc:
+            raise from_rpc_error("cache service", exc) from exc
+        finally:
+            call.cancel()
+
+    async def stats(self, timeout_s: float | None = None, metadata: Sequence[tuple[str, str]] = ()) -> pb.StatsResponse:
+        """The replica's counters; a failed call raises MeshserveError (the gateway's warm-up uses it as a ping)."""
+        try:
+            return await self.stub.Stats(
+                pb.StatsRequest(), timeout=timeout_s or max(1.0, self.timeout_s), metadata=tuple(metadata)
+            )
+        except grpc.aio.AioRpcError as exc:
+            raise from_rpc_error("cache service", exc) from exc
 
     async def close(self) -> None:
         await self.channel.close()
