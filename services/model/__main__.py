@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 
 from services.common.logs import setup_logging
 from services.common.server import GrpcService
@@ -11,13 +10,50 @@ from services.model.gpu_metrics import register_gpu_metrics
 from services.model.handler import ModelHandler
 from services.model.manager import ModelManager
 from services.model.repository import ModelRepository
-from services.model.servicer import InferenceServicer
+from services.model.servicer import SERVICE_NAME, ModelServicer
 from services.model.settings import ModelSettings
 from services.model.watcher import watch_repository
 from services.protos import inference_pb2_grpc
 
-log = logging.getLogger("services.model")
-SERVICE_NAME = "inference.GRPCInferenceService"
+
+class ModelService:
+    """The parts wired together: the shared GrpcService, the ModelManager, its ModelHandler and the servicer.
+
+    `run` serves until SIGTERM: models load (then health says SERVING), the repository is watched, and after
+    the server drained every version unloads.
+    """
+
+    def __init__(self, settings: ModelSettings) -> None:
+        self.settings = settings
+        self.server = GrpcService("model", settings, [SERVICE_NAME])
+        self.manager = ModelManager(
+            ModelRepository(settings.repository),
+            drain_timeout_s=settings.grace_period_s,
+            pinned_versions=settings.pinned_versions,
+            fault_delay_ms=settings.fault_delay_ms,
+        )
+        self.handler = ModelHandler(self.manager, self.server.lifecycle)
+        inference_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(ModelServicer(self.handler), self.server.server)
+        self._stop_watch = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def run(self) -> None:
+        await self.server.run(self._on_start, self._on_stop)
+
+    async def _on_start(self) -> None:
+        settings = self.settings
+        await self.manager.load_all(settings.models or None)
+        if settings.watch and settings.repository.is_dir():
+            watch = watch_repository(
+                self.manager, settings.watch_debounce_ms, settings.watch_force_polling, self._stop_watch
+            )
+            self._tasks.append(asyncio.create_task(watch))
+
+    async def _on_stop(self) -> None:
+        self._stop_watch.set()
+        for task in self._tasks:
+            task.cancel()
+        await self.manager.close()
 
 
 async def serve(settings: ModelSettings) -> None:
@@ -26,34 +62,7 @@ async def serve(settings: ModelSettings) -> None:
 
         torch.set_num_threads(settings.torch_threads)
     register_gpu_metrics()
-    service = GrpcService("model", settings, [SERVICE_NAME])
-    manager = ModelManager(
-        ModelRepository(settings.repository),
-        drain_timeout_s=settings.grace_period_s,
-        pinned_versions=settings.pinned_versions,
-        fault_delay_ms=settings.fault_delay_ms,
-    )
-    dataplane = ModelHandler(manager, service.lifecycle)
-    inference_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(dataplane), service.server)
-    stop_watch = asyncio.Event()
-    tasks: list[asyncio.Task[None]] = []
-
-    async def on_start() -> None:
-        await manager.load_all(settings.models or None)
-        if settings.watch and settings.repository.is_dir():
-            tasks.append(
-                asyncio.create_task(
-                    watch_repository(manager, settings.watch_debounce_ms, settings.watch_force_polling, stop_watch)
-                )
-            )
-
-    async def on_stop() -> None:
-        stop_watch.set()
-        for task in tasks:
-            task.cancel()
-        await manager.close()
-
-    await service.run(on_start, on_stop)
+    await ModelService(settings).run()
 
 
 def main() -> None:

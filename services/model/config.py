@@ -3,16 +3,45 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema, model_validator
+from pydantic_core import PydanticCustomError
 
 from services.common.errors import InvalidArgument
+from services.common.validation import describe
+from services.model.backends import BACKENDS, registered, unknown_backend_message
 
-Datatype = Literal["BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
-                   "FP16", "FP32", "FP64", "BF16", "BYTES"]  # fmt: skip
+Datatype = Literal[
+    "BOOL",
+    "UINT8",
+    "UINT16",
+    "UINT32",
+    "UINT64",
+    "INT8",
+    "INT16",
+    "INT32",
+    "INT64",
+    "FP16",
+    "FP32",
+    "FP64",
+    "BF16",
+    "BYTES",
+]
 FLOAT_DATATYPES = frozenset({"FP16", "FP32", "FP64", "BF16"})
+
+
+def _registered_backend(name: str) -> str:
+    if name not in BACKENDS:
+        raise PydanticCustomError("unknown_backend", "{message}", {"message": unknown_backend_message(name)})
+    return name
+
+
+# The choices are the registry's keys: a backend is configurable exactly when one is registered to serve it.
+BackendName = Annotated[
+    str, AfterValidator(_registered_backend), WithJsonSchema({"type": "string", "enum": registered()})
+]
 
 
 class _Strict(BaseModel):
@@ -99,7 +128,7 @@ class ModelConfig(_Strict):
     """A model in the repository; see README 'Serve your own TorchScript model'."""
 
     name: str = Field(min_length=1)
-    backend: Literal["torchscript", "tensorrt"] = "torchscript"
+    backend: BackendName = Field("torchscript", description="A name registered in services.model.backends.")
     default_model_filename: str = "model.pt"
     max_batch_size: int = Field(0, ge=0, description="0: the model has no batch dimension in dims.")
     inputs: list[TensorSpec] = Field(min_length=1)
@@ -148,10 +177,7 @@ def load_model_config(path: Path, expected_name: str | None = None) -> ModelConf
     try:
         config = ModelConfig.model_validate(raw)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}" for err in exc.errors()
-        )
-        raise InvalidArgument(f"{path}: invalid model config: {problems}") from exc
+        raise InvalidArgument(f"{path}: invalid model config: {describe(exc)}") from exc
     if expected_name is not None and config.name != expected_name:
         raise InvalidArgument(f"{path}: name {config.name!r} differs from its folder {expected_name!r}")
     return config

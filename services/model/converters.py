@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from services.common.tensor_codec import decode_request_inputs, encode_raw
 from services.common.triton_config import MODEL_CONFIG_DATA_TYPES
 from services.model.config import ModelConfig
-from services.model.handler import InferenceRequest, InferenceResponse
+from services.model.handler import InferenceRequest, InferenceResponse, ModelMetadata, ServerMetadata
+from services.model.manager import RepositoryEntry
 from services.model.stats import Duration, VersionStats
 from services.model.version import ModelVersion
 from services.protos import inference_pb2 as pb
 from services.protos import model_config_pb2 as mc
-
-_DATA_TYPES = MODEL_CONFIG_DATA_TYPES
 
 
 def infer_request_from_pb(request: pb.ModelInferRequest) -> InferenceRequest:
@@ -36,16 +37,22 @@ def infer_response_to_pb(response: InferenceResponse) -> pb.ModelInferResponse:
     return message
 
 
+def server_metadata_to_pb(metadata: ServerMetadata) -> pb.ServerMetadataResponse:
+    return pb.ServerMetadataResponse(name=metadata.name, version=metadata.version, extensions=metadata.extensions)
+
+
 def _shape(config: ModelConfig, dims: list[int]) -> list[int]:
+    """Tensor shape as the v2 protocol reports it: -1 for the batch dimension of a batched model."""
     return [-1, *dims] if config.max_batch_size > 0 else list(dims)
 
 
-def metadata_to_pb(mv: ModelVersion, versions: list[int]) -> pb.ModelMetadataResponse:
+def metadata_to_pb(metadata: ModelMetadata) -> pb.ModelMetadataResponse:
+    mv = metadata.version
     config = mv.config
     tensor = pb.ModelMetadataResponse.TensorMetadata
     return pb.ModelMetadataResponse(
         name=config.name,
-        versions=[str(v) for v in versions],
+        versions=[str(v) for v in metadata.ready_versions],
         platform=mv.platform,
         inputs=[tensor(name=s.name, datatype=s.datatype, shape=_shape(config, s.dims)) for s in config.inputs],
         outputs=[tensor(name=s.name, datatype=s.datatype, shape=_shape(config, s.dims)) for s in config.outputs],
@@ -58,10 +65,16 @@ def config_to_pb(mv: ModelVersion) -> mc.ModelConfig:
     message = mc.ModelConfig(
         name=config.name,
         platform=mv.platform,
-        backend="pytorch" if config.backend == "torchscript" else config.backend,
+        backend=mv.triton_backend,
         max_batch_size=config.max_batch_size,
-        input=[mc.ModelInput(name=s.name, data_type=_DATA_TYPES[s.datatype], dims=s.dims) for s in config.inputs],
-        output=[mc.ModelOutput(name=s.name, data_type=_DATA_TYPES[s.datatype], dims=s.dims) for s in config.outputs],
+        input=[
+            mc.ModelInput(name=s.name, data_type=MODEL_CONFIG_DATA_TYPES[s.datatype], dims=s.dims)
+            for s in config.inputs
+        ],
+        output=[
+            mc.ModelOutput(name=s.name, data_type=MODEL_CONFIG_DATA_TYPES[s.datatype], dims=s.dims)
+            for s in config.outputs
+        ],
         instance_group=[
             mc.ModelInstanceGroup(
                 name=config.name,
@@ -89,11 +102,15 @@ def config_to_pb(mv: ModelVersion) -> mc.ModelConfig:
     return message
 
 
+def config_response_to_pb(mv: ModelVersion) -> pb.ModelConfigResponse:
+    return pb.ModelConfigResponse(config=config_to_pb(mv))
+
+
 def _duration(d: Duration) -> pb.StatisticDuration:
     return pb.StatisticDuration(count=d.count, ns=d.ns)
 
 
-def statistics_to_pb(stats: VersionStats) -> pb.ModelStatistics:
+def version_statistics_to_pb(stats: VersionStats) -> pb.ModelStatistics:
     return pb.ModelStatistics(
         name=stats.model,
         version=str(stats.version),
@@ -117,4 +134,15 @@ def statistics_to_pb(stats: VersionStats) -> pb.ModelStatistics:
             )
             for size, b in sorted(stats.batches.items())
         ],
+    )
+
+
+def statistics_to_pb(versions: Sequence[VersionStats]) -> pb.ModelStatisticsResponse:
+    return pb.ModelStatisticsResponse(model_stats=[version_statistics_to_pb(stats) for stats in versions])
+
+
+def repository_index_to_pb(entries: Sequence[RepositoryEntry]) -> pb.RepositoryIndexResponse:
+    index = pb.RepositoryIndexResponse.ModelIndex
+    return pb.RepositoryIndexResponse(
+        models=[index(name=e.name, version=e.version, state=e.state, reason=e.reason) for e in entries]
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from typing import Any, Protocol
 
 from prometheus_client.core import REGISTRY, GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -11,10 +12,19 @@ from prometheus_client.registry import Collector
 log = logging.getLogger(__name__)
 
 
+class Nvml(Protocol):
+    """The NVML calls the collector makes (the `pynvml` module provides them)."""
+
+    def nvmlDeviceGetCount(self) -> int: ...
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> Any: ...
+    def nvmlDeviceGetUtilizationRates(self, handle: Any) -> Any: ...
+    def nvmlDeviceGetMemoryInfo(self, handle: Any) -> Any: ...
+
+
 class NvmlCollector(Collector):
     """Reads NVML on each scrape: utilisation ratio, memory used and total per GPU."""
 
-    def __init__(self, pynvml) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, pynvml: Nvml) -> None:
         self.nvml = pynvml
         self.count = pynvml.nvmlDeviceGetCount()
 

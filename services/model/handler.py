@@ -12,14 +12,38 @@ import numpy as np
 
 from services.common.errors import InvalidArgument, MeshserveError
 from services.common.server import Lifecycle
-from services.model.manager import ModelManager
+from services.model.manager import ModelManager, RepositoryEntry
+from services.model.stats import VersionStats
 from services.model.validation import validate_inputs
 from services.model.version import ModelVersion
 
 SERVER_NAME = "meshserve"
 SERVER_VERSION = "0.1.0"
-EXTENSIONS = ["model_repository", "model_repository(unload_dependents)", "schedule_policy", "model_configuration",
-              "statistics", "binary_tensor_data"]  # fmt: skip
+EXTENSIONS = (
+    "model_repository",
+    "model_repository(unload_dependents)",
+    "schedule_policy",
+    "model_configuration",
+    "statistics",
+    "binary_tensor_data",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ServerMetadata:
+    """Who answers: the server's name, version and the protocol extensions it supports."""
+
+    name: str
+    version: str
+    extensions: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ModelMetadata:
+    """One version whose tensors to describe, and every ready version of its model (ascending)."""
+
+    version: ModelVersion
+    ready_versions: list[int]
 
 
 @dataclass(slots=True)
@@ -40,30 +64,35 @@ class InferenceResponse:
 
 
 class ModelHandler:
-    """Everything the v2 RPCs do, in domain types."""
+    """Everything the v2 RPCs do, in domain types; liveness and readiness come from the service's Lifecycle."""
 
     def __init__(self, manager: ModelManager, lifecycle: Lifecycle) -> None:
         self.manager = manager
         self.lifecycle = lifecycle
 
     def live(self) -> bool:
-        return True
+        return self.lifecycle.live
 
     def ready(self) -> bool:
-        return self.lifecycle.ready and not self.lifecycle.draining
+        return self.lifecycle.ready
 
     def model_ready(self, name: str, version: str) -> bool:
-        return not self.lifecycle.draining and self.manager.is_ready(name, version)
+        """A model version answers while the service is live (not draining) and the version is loaded."""
+        return self.lifecycle.live and self.manager.is_ready(name, version)
 
-    def version(self, name: str, version: str = "") -> ModelVersion:
+    def server_metadata(self) -> ServerMetadata:
+        return ServerMetadata(SERVER_NAME, SERVER_VERSION, EXTENSIONS)
+
+    def metadata(self, name: str, version: str) -> ModelMetadata:
+        mv = self.manager.get(name, version)
+        return ModelMetadata(mv, sorted(self.manager.models[mv.name].ready))
+
+    def config(self, name: str, version: str = "") -> ModelVersion:
+        """The version whose configuration to report (the newest ready one when `version` is empty)."""
         return self.manager.get(name, version)
 
-    def metadata(self, name: str, version: str) -> tuple[ModelVersion, list[int]]:
-        """The version whose metadata to report, and every ready version of the model."""
-        mv = self.manager.get(name, version)
-        return mv, sorted(self.manager.models[mv.name].ready)
-
     async def infer(self, request: InferenceRequest, deadline: float | None) -> InferenceResponse:
+        """Validate, queue for the version's scheduler, keep the requested outputs; `deadline` is monotonic."""
         start = time.perf_counter_ns()
         mv = self.manager.get(request.model_name, request.model_version)
         try:
@@ -80,18 +109,19 @@ class ModelHandler:
         mv.stats.record_request(True, time.perf_counter_ns() - start)
         return InferenceResponse(mv.name, mv.version_str, outputs, request.id)
 
-    def statistics(self, name: str, version: str) -> list[ModelVersion]:
-        """Versions whose statistics to report: one model (all ready versions or one), or every model."""
+    def statistics(self, name: str, version: str) -> list[VersionStats]:
+        """Statistics of one model (all ready versions or one), or of every model when `name` is empty."""
         if name:
             if version:
-                return [self.manager.get(name, version)]
+                return [self.manager.get(name, version).stats]
             self.manager.get(name)  # NOT_FOUND / UNAVAILABLE with a clear message
-            return [self.manager.models[name].ready[v] for v in sorted(self.manager.models[name].ready)]
-        return [e.ready[v] for e in self.manager.models.values() for v in sorted(e.ready)]
+            ready = self.manager.models[name].ready
+            return [ready[v].stats for v in sorted(ready)]
+        return [e.ready[v].stats for e in self.manager.models.values() for v in sorted(e.ready)]
 
-    def repository_index(self, ready_only: bool) -> list[tuple[str, str, str, str]]:
-        rows = self.manager.index()
-        return [r for r in rows if r[2] == "READY"] if ready_only else rows
+    def repository_index(self, ready_only: bool) -> list[RepositoryEntry]:
+        entries = self.manager.index()
+        return [e for e in entries if e.state == "READY"] if ready_only else entries
 
     async def load(self, name: str) -> None:
         await self.manager.load(name)

@@ -7,8 +7,10 @@ import logging
 from dataclasses import dataclass, field
 
 from services.common.errors import InvalidArgument, MeshserveError, NotFound, Unavailable
-from services.model.backends.base import DelayedModel, get_backend
+from services.model.backends import get_backend
+from services.model.backends.base import LoadedModel
 from services.model.config import ModelConfig
+from services.model.faults import DelayedModel
 from services.model.repository import ModelRepository
 from services.model.stats import set_state_metric
 from services.model.version import ModelVersion, warm_up
@@ -18,6 +20,16 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class VersionStatus:
+    state: str  # LOADING, READY, UNLOADING, UNAVAILABLE
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class RepositoryEntry:
+    """One row of RepositoryIndex: a model version's state, or a model's when no version is known."""
+
+    name: str
+    version: str  # empty for a model with no version loaded
     state: str  # LOADING, READY, UNLOADING, UNAVAILABLE
     reason: str = ""
 
@@ -88,21 +100,21 @@ class ModelManager:
         except MeshserveError:
             return False
 
-    def index(self) -> list[tuple[str, str, str, str]]:
-        """(model, version, state, reason) for every model and version known, plus unloaded models."""
-        rows: list[tuple[str, str, str, str]] = []
+    def index(self) -> list[RepositoryEntry]:
+        """Every model and version known, plus the repository's models not loaded."""
+        rows: list[RepositoryEntry] = []
         names = sorted(set(self.models) | set(self.repository.model_names()))
         for name in names:
             entry = self.models.get(name)
             if entry is None:
-                rows.append((name, "", "UNAVAILABLE", "not loaded"))
+                rows.append(RepositoryEntry(name, "", "UNAVAILABLE", "not loaded"))
                 continue
             if not entry.status:
-                rows.append((name, "", "UNAVAILABLE", entry.reason or "unloaded"))
+                rows.append(RepositoryEntry(name, "", "UNAVAILABLE", entry.reason or "unloaded"))
             for v in sorted(entry.status):
                 st = entry.status[v]
                 reason = st.reason or (entry.reason if st.state == "READY" and entry.reason else "")
-                rows.append((name, str(v), st.state, reason))
+                rows.append(RepositoryEntry(name, str(v), st.state, reason))
         return rows
 
     # -- load / unload ---------------------------------------------------------------------------------
@@ -208,7 +220,7 @@ class ModelManager:
         backend = get_backend(config.backend)
         version_dir = self.repository.version_dir(config.name, version)
 
-        def load_and_warm():  # worker thread: never block the event loop on disk or compute
+        def load_and_warm() -> LoadedModel:  # worker thread: never block the event loop on disk or compute
             model = backend.load(version_dir, config, version)
             try:
                 warm_up(model, config)
@@ -219,10 +231,14 @@ class ModelManager:
 
         model = await asyncio.to_thread(load_and_warm)
         if self.fault_delay_s > 0:
-            log.warning("fault injection: every forward of %s v%d takes %.0f ms longer", config.name, version,
-                        self.fault_delay_s * 1e3)  # fmt: skip
+            log.warning(
+                "fault injection: every forward of %s v%d takes %.0f ms longer",
+                config.name,
+                version,
+                self.fault_delay_s * 1e3,
+            )
             model = DelayedModel(model, self.fault_delay_s)
-        return ModelVersion(config, version, model, backend.platform)
+        return ModelVersion(config, version, model, backend)
 
     def _retire(self, entry: ModelEntry, version: int, mv: ModelVersion, replaced: bool) -> None:
         if not replaced:

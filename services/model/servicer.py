@@ -7,9 +7,11 @@ import time
 import grpc
 
 from services.model import converters
-from services.model.handler import EXTENSIONS, SERVER_NAME, SERVER_VERSION, ModelHandler
+from services.model.handler import ModelHandler
 from services.protos import inference_pb2 as pb
 from services.protos import inference_pb2_grpc as pb_grpc
+
+SERVICE_NAME = "inference.GRPCInferenceService"
 
 
 def deadline_of(context: grpc.aio.ServicerContext) -> float | None:
@@ -18,45 +20,66 @@ def deadline_of(context: grpc.aio.ServicerContext) -> float | None:
     return None if remaining is None else time.monotonic() + remaining
 
 
-class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
-    def __init__(self, dataplane: ModelHandler) -> None:
-        self.dp = dataplane
+class ModelServicer(pb_grpc.GRPCInferenceServiceServicer):
+    """Every RPC of the Open Inference Protocol v2, as Triton serves it; errors map to status in the interceptor."""
 
-    async def ServerLive(self, request: pb.ServerLiveRequest, context: grpc.aio.ServicerContext):
-        return pb.ServerLiveResponse(live=self.dp.live())
+    def __init__(self, handler: ModelHandler) -> None:
+        self.handler = handler
 
-    async def ServerReady(self, request: pb.ServerReadyRequest, context: grpc.aio.ServicerContext):
-        return pb.ServerReadyResponse(ready=self.dp.ready())
+    async def ServerLive(
+        self, request: pb.ServerLiveRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ServerLiveResponse:
+        return pb.ServerLiveResponse(live=self.handler.live())
 
-    async def ModelReady(self, request: pb.ModelReadyRequest, context: grpc.aio.ServicerContext):
-        return pb.ModelReadyResponse(ready=self.dp.model_ready(request.name, request.version))
+    async def ServerReady(
+        self, request: pb.ServerReadyRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ServerReadyResponse:
+        return pb.ServerReadyResponse(ready=self.handler.ready())
 
-    async def ServerMetadata(self, request: pb.ServerMetadataRequest, context: grpc.aio.ServicerContext):
-        return pb.ServerMetadataResponse(name=SERVER_NAME, version=SERVER_VERSION, extensions=EXTENSIONS)
+    async def ModelReady(
+        self, request: pb.ModelReadyRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ModelReadyResponse:
+        return pb.ModelReadyResponse(ready=self.handler.model_ready(request.name, request.version))
 
-    async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: grpc.aio.ServicerContext):
-        return converters.metadata_to_pb(*self.dp.metadata(request.name, request.version))
+    async def ServerMetadata(
+        self, request: pb.ServerMetadataRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ServerMetadataResponse:
+        return converters.server_metadata_to_pb(self.handler.server_metadata())
 
-    async def ModelInfer(self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext):
-        response = await self.dp.infer(converters.infer_request_from_pb(request), deadline_of(context))
+    async def ModelMetadata(
+        self, request: pb.ModelMetadataRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ModelMetadataResponse:
+        return converters.metadata_to_pb(self.handler.metadata(request.name, request.version))
+
+    async def ModelInfer(
+        self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ModelInferResponse:
+        response = await self.handler.infer(converters.infer_request_from_pb(request), deadline_of(context))
         return converters.infer_response_to_pb(response)
 
-    async def ModelConfig(self, request: pb.ModelConfigRequest, context: grpc.aio.ServicerContext):
-        return pb.ModelConfigResponse(config=converters.config_to_pb(self.dp.version(request.name, request.version)))
+    async def ModelConfig(
+        self, request: pb.ModelConfigRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ModelConfigResponse:
+        return converters.config_response_to_pb(self.handler.config(request.name, request.version))
 
-    async def ModelStatistics(self, request: pb.ModelStatisticsRequest, context: grpc.aio.ServicerContext):
-        versions = self.dp.statistics(request.name, request.version)
-        return pb.ModelStatisticsResponse(model_stats=[converters.statistics_to_pb(mv.stats) for mv in versions])
+    async def ModelStatistics(
+        self, request: pb.ModelStatisticsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ModelStatisticsResponse:
+        return converters.statistics_to_pb(self.handler.statistics(request.name, request.version))
 
-    async def RepositoryIndex(self, request: pb.RepositoryIndexRequest, context: grpc.aio.ServicerContext):
-        index = pb.RepositoryIndexResponse.ModelIndex
-        rows = self.dp.repository_index(request.ready)
-        return pb.RepositoryIndexResponse(models=[index(name=n, version=v, state=s, reason=r) for n, v, s, r in rows])
+    async def RepositoryIndex(
+        self, request: pb.RepositoryIndexRequest, context: grpc.aio.ServicerContext
+    ) -> pb.RepositoryIndexResponse:
+        return converters.repository_index_to_pb(self.handler.repository_index(request.ready))
 
-    async def RepositoryModelLoad(self, request: pb.RepositoryModelLoadRequest, context: grpc.aio.ServicerContext):
-        await self.dp.load(request.model_name)
+    async def RepositoryModelLoad(
+        self, request: pb.RepositoryModelLoadRequest, context: grpc.aio.ServicerContext
+    ) -> pb.RepositoryModelLoadResponse:
+        await self.handler.load(request.model_name)
         return pb.RepositoryModelLoadResponse()
 
-    async def RepositoryModelUnload(self, request: pb.RepositoryModelUnloadRequest, context: grpc.aio.ServicerContext):
-        await self.dp.unload(request.model_name)
+    async def RepositoryModelUnload(
+        self, request: pb.RepositoryModelUnloadRequest, context: grpc.aio.ServicerContext
+    ) -> pb.RepositoryModelUnloadResponse:
+        await self.handler.unload(request.model_name)
         return pb.RepositoryModelUnloadResponse()

@@ -10,9 +10,10 @@ from prometheus_client import Counter, Gauge, Histogram
 from services.common.metrics import LATENCY_BUCKETS, trace_exemplar
 
 REQUESTS = Counter(
-    "meshserve_model_requests_total", "Inference requests by model, version and gRPC code.",
+    "meshserve_model_requests_total",
+    "Inference requests by model, version and gRPC code.",
     ["model", "version", "code"],
-)  # fmt: skip
+)
 INFERENCES = Counter(
     "meshserve_model_inferences_total", "Rows inferred (a request of 8 rows counts 8).", ["model", "version"]
 )
@@ -22,21 +23,29 @@ EXECUTIONS = Counter(
     ["model", "version"],
 )
 REQUEST_SECONDS = Histogram(
-    "meshserve_model_request_duration_seconds", "Inference request time inside the model service.",
-    ["model", "version"], buckets=LATENCY_BUCKETS,
-)  # fmt: skip
+    "meshserve_model_request_duration_seconds",
+    "Inference request time inside the model service.",
+    ["model", "version"],
+    buckets=LATENCY_BUCKETS,
+)
 QUEUE_SECONDS = Histogram(
-    "meshserve_model_queue_duration_seconds", "Time a request waited in the batch queue.",
-    ["model", "version"], buckets=LATENCY_BUCKETS,
-)  # fmt: skip
+    "meshserve_model_queue_duration_seconds",
+    "Time a request waited in the batch queue.",
+    ["model", "version"],
+    buckets=LATENCY_BUCKETS,
+)
 COMPUTE_SECONDS = Histogram(
-    "meshserve_model_compute_duration_seconds", "Time of one batched forward pass (input gather included).",
-    ["model", "version"], buckets=LATENCY_BUCKETS,
-)  # fmt: skip
+    "meshserve_model_compute_duration_seconds",
+    "Time of one batched forward pass (input gather included).",
+    ["model", "version"],
+    buckets=LATENCY_BUCKETS,
+)
 BATCH_SIZE = Histogram(
-    "meshserve_model_batch_size", "Rows per executed batch (before padding).", ["model", "version"],
+    "meshserve_model_batch_size",
+    "Rows per executed batch (before padding).",
+    ["model", "version"],
     buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512),
-)  # fmt: skip
+)
 PENDING = Gauge("meshserve_model_pending_requests", "Requests queued or computing.", ["model", "version"])
 STATE = Gauge(
     "meshserve_model_state", "1 for the current load state of a model version.", ["model", "version", "state"]

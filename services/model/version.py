@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from services.common.tensor_codec import NUMPY_DTYPES
-from services.model.backends.base import LoadedModel
+from services.model.backends.base import Backend, LoadedModel
 from services.model.batcher import DirectRunner, DynamicBatcher, Outputs, Scheduler
 from services.model.config import ModelConfig
 from services.model.stats import VersionStats
@@ -46,13 +46,14 @@ def warm_up(model: LoadedModel, config: ModelConfig) -> None:
 class ModelVersion:
     """Created on the event loop after the weights were loaded and warmed up on a worker thread."""
 
-    def __init__(self, config: ModelConfig, version: int, model: LoadedModel, platform: str) -> None:
+    def __init__(self, config: ModelConfig, version: int, model: LoadedModel, backend: Backend) -> None:
         self.config = config
         self.name = config.name
         self.version = version
         self.version_str = str(version)
         self.model = model
-        self.platform = platform
+        self.platform = backend.platform
+        self.triton_backend = backend.triton_backend
         self.stats = VersionStats(config.name, version)
         self.executor = ThreadPoolExecutor(
             max_workers=config.instance_count, thread_name_prefix=f"{config.name}-v{version}"
@@ -60,9 +61,8 @@ class ModelVersion:
         self.scheduler: Scheduler
         if config.dynamic_batching is not None:
             batcher = DynamicBatcher(
-                model, self.executor, config.instance_count, config.max_batch_size, config.dynamic_batching,
-                self.stats,
-            )  # fmt: skip
+                model, self.executor, config.instance_count, config.max_batch_size, config.dynamic_batching, self.stats
+            )
             self.max_rows = batcher.max_rows
             self.scheduler = batcher
         else:

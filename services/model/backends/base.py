@@ -1,8 +1,7 @@
-"""The small interface every model backend implements (TorchScript, INT8, later TensorRT)."""
+"""The small interface every model backend implements: load a version folder into a model that runs batches."""
 
 from __future__ import annotations
 
-import time
 from abc import ABC, abstractmethod
 from pathlib import Path
 
@@ -24,39 +23,13 @@ class LoadedModel(ABC):
         """Free memory (GPU buffers, engines); the default has nothing to free."""
 
 
-class DelayedModel(LoadedModel):
-    """Fault injection: a model whose every forward pass takes `delay_s` longer (drills, tracing tests)."""
-
-    def __init__(self, model: LoadedModel, delay_s: float) -> None:
-        self.model = model
-        self.delay_s = delay_s
-        self.device = model.device
-
-    def forward(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        time.sleep(self.delay_s)  # a worker thread, never the event loop
-        return self.model.forward(inputs)
-
-    def unload(self) -> None:
-        self.model.unload()
-
-
 class Backend(ABC):
     """Loads a version folder into a LoadedModel according to the model config."""
 
-    name: str
-    platform: str  # Triton's platform string, reported by ModelMetadata/ModelConfig
+    name: str  # its key in services.model.backends.BACKENDS
+    platform: str  # Triton's platform string, reported by ModelMetadata/ModelConfig (e.g. pytorch_libtorch)
+    triton_backend: str  # Triton's backend name, reported by ModelConfig (e.g. pytorch)
 
     @abstractmethod
     def load(self, version_dir: Path, config: ModelConfig, version: int) -> LoadedModel:
         """Load (and optimise) one version; raise on bad weights so the version is reported broken."""
-
-
-def get_backend(name: str) -> Backend:
-    """The backend registered under a config's `backend` name (imported lazily: torch is heavy)."""
-    if name == "torchscript":
-        from services.model.backends.torchscript import TorchScriptBackend
-
-        return TorchScriptBackend()
-    if name == "tensorrt":
-        raise ValueError("backend tensorrt is not part of this build yet; use torchscript")
-    raise ValueError(f"unknown backend {name!r}")

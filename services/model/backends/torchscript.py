@@ -61,6 +61,8 @@ def quantize_int8(module: torch.jit.ScriptModule) -> torch.jit.ScriptModule:
 
 
 class TorchScriptModel(LoadedModel):
+    """A torch.jit module called with the config's inputs in order; its outputs keyed by the config's names."""
+
     def __init__(self, module: torch.jit.ScriptModule, config: ModelConfig, device: torch.device) -> None:
         self.module = module
         self.config = config
@@ -95,8 +97,11 @@ class TorchScriptModel(LoadedModel):
 
 
 class TorchScriptBackend(Backend):
+    """Loads `default_model_filename` with torch.jit on the configured device, INT8-quantized if asked."""
+
     name = "torchscript"
     platform = "pytorch_libtorch"
+    triton_backend = "pytorch"
 
     def load(self, version_dir: Path, config: ModelConfig, version: int) -> LoadedModel:
         path = version_dir / config.default_model_filename

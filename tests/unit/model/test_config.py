@@ -37,7 +37,7 @@ def test_valid_config_gets_its_folder_name(tmp_path: Path) -> None:
         ({"max_batch_size": 0, "dynamic_batching": {}}, "dynamic_batching needs max_batch_size >= 1"),
         ({"dynamic_batching": {"preferred_batch_sizes": [16]}}, "preferred_batch_sizes [16] outside"),
         ({"version_policy": {"latest": {"num_versions": 1}, "all": {}}}, "choose one of latest/all/specific"),
-        ({"optimisation": {"quantization": "int8"}}, "optimisation: Extra inputs are not permitted"),
+        ({"optimisation": {"quantization": "int8"}}, "optimisation: unknown field"),
         ({"name": "other"}, "differs from its folder"),
         ({"outputs": [{"name": "y", "datatype": "FP32", "dims": [1]}] * 2}, "duplicate output names"),
     ],

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from services.model.backends.base import DelayedModel
+from services.model.faults import DelayedModel
 from services.model.manager import ModelManager
 from services.model.repository import ModelRepository
 from tests.helpers.models import Mlp, mlp_config, reference_output, write_model

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from services.model.backends.base import get_backend
+from services.model.backends import get_backend
 from services.model.config import ModelConfig
 
 
