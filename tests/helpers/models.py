@@ -60,7 +60,21 @@ def mlp_config(name: str, **extra: Any) -> dict[str, Any]:
     return config
 
 
+def multi_io_config(name: str) -> dict[str, Any]:
+    """The config of a MultiIO model: no batch dimension, FP32 and INT64 in and out."""
+    return {
+        "name": name,
+        "max_batch_size": 0,
+        "inputs": [{"name": "a", "datatype": "FP32", "dims": [2, 3]}, {"name": "b", "datatype": "INT64", "dims": [2]}],
+        "outputs": [
+            {"name": "a2", "datatype": "FP32", "dims": [2, 3]},
+            {"name": "b1", "datatype": "INT64", "dims": [2]},
+        ],
+    }
+
+
 def write_model(repo: Path, name: str, config: dict[str, Any], versions: dict[int, nn.Module]) -> Path:
+    """`repo/<name>/config.yaml` and one scripted `model.pt` per version folder."""
     folder = repo / name
     folder.mkdir(parents=True, exist_ok=True)
     for version, module in versions.items():
@@ -70,5 +84,6 @@ def write_model(repo: Path, name: str, config: dict[str, Any], versions: dict[in
 
 
 def reference_output(module: nn.Module, x: Any) -> Any:
+    """What eager torch answers for a numpy input: the value the service must return."""
     with torch.inference_mode():
         return module.eval()(torch.from_numpy(x)).numpy()
