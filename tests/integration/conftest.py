@@ -23,10 +23,18 @@ if TYPE_CHECKING:
 def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A repository exercising version policies, batching and several dtypes."""
     root = tmp_path_factory.mktemp("repo")
-    write_model(root, "mlp", mlp_config("mlp", version_policy={"latest": {"num_versions": 2}}),
-                {1: Mlp(1), 2: Mlp(2), 3: Mlp(3)})  # fmt: skip
-    write_model(root, "pinned", mlp_config("pinned", version_policy={"specific": {"versions": [1, 3]}}),
-                {1: Mlp(1), 2: Mlp(2), 3: Mlp(3)})  # fmt: skip
+    write_model(
+        root,
+        "mlp",
+        mlp_config("mlp", version_policy={"latest": {"num_versions": 2}}),
+        {1: Mlp(1), 2: Mlp(2), 3: Mlp(3)},
+    )
+    write_model(
+        root,
+        "pinned",
+        mlp_config("pinned", version_policy={"specific": {"versions": [1, 3]}}),
+        {1: Mlp(1), 2: Mlp(2), 3: Mlp(3)},
+    )
     write_model(
         root,
         "batched",
@@ -54,8 +62,12 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
         },
         {1: MultiIO()},
     )
-    write_model(root, "nan_ok", {**mlp_config("nan_ok"), "inputs": [{"name": "x", "datatype": "FP32", "dims": [8],
-                "allow_nan": True}]}, {1: Mlp(5)})  # fmt: skip
+    write_model(
+        root,
+        "nan_ok",
+        {**mlp_config("nan_ok"), "inputs": [{"name": "x", "datatype": "FP32", "dims": [8], "allow_nan": True}]},
+        {1: Mlp(5)},
+    )
     return root
 
 
