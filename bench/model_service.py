@@ -150,8 +150,11 @@ def measure_forward(model_file: Path, batch: int = FORWARD_BATCH, compare_rows: 
 
 
 def model_service_argv() -> list[str]:
-    return [str(ROOT / ".venv" / "bin" / "python") if (ROOT / ".venv").exists() else sys.executable,
-            "-m", "services.model"]  # fmt: skip
+    return [
+        str(ROOT / ".venv" / "bin" / "python") if (ROOT / ".venv").exists() else sys.executable,
+        "-m",
+        "services.model",
+    ]
 
 
 def floor_argv(port: int) -> list[str]:
@@ -346,10 +349,17 @@ def report(bench: Bench, forward: Forward, command: str) -> list[dict[str, Any]]
 
     # Server-side breakdown, where the server reports ModelStatistics.
     breakdown = [
-        [f"{t} {m} c={c}", r.server_queue_us, r.server_compute_input_us, r.server_compute_infer_us,
-         r.server_compute_output_us, r.network_us]
-        for (t, m, c), r in bench.perf.items() if r.has_server_stats
-    ]  # fmt: skip
+        [
+            f"{t} {m} c={c}",
+            r.server_queue_us,
+            r.server_compute_input_us,
+            r.server_compute_infer_us,
+            r.server_compute_output_us,
+            r.network_us,
+        ]
+        for (t, m, c), r in bench.perf.items()
+        if r.has_server_stats
+    ]
     if breakdown:
         results.print_table(
             ["run", "queue us", "in us", "infer us", "out us", "net+other us"],
@@ -359,47 +369,70 @@ def report(bench: Bench, forward: Forward, command: str) -> list[dict[str, Any]]
 
     # Targets.
     floor32, on32, on1, off1 = (
-        bench.get(FLOOR, FRAUD, 32), bench.get(ON, FRAUD, 32), bench.get(ON, FRAUD, 1), bench.get(OFF, FRAUD, 1)
-    )  # fmt: skip
+        bench.get(FLOOR, FRAUD, 32),
+        bench.get(ON, FRAUD, 32),
+        bench.get(ON, FRAUD, 1),
+        bench.get(OFF, FRAUD, 1),
+    )
     targets: list[tuple[str, float | None, str, float, str, str]] = [
         # (figure name, value, comparison, threshold, "ge"/"le", compared with)
         (
             "target.fraud_c32_on_vs_floor_throughput",
             ratio(on32.throughput if on32 else None, floor32.throughput if floor32 else None),
-            f"{FRAUD} c=32 batching on throughput / floor", 0.85, "ge", "floor c=32 throughput",
+            f"{FRAUD} c=32 batching on throughput / floor",
+            0.85,
+            "ge",
+            "floor c=32 throughput",
         ),
         (
             "target.fraud_c32_on_vs_floor_p99",
             ratio(on32.p99_us if on32 else None, floor32.p99_us if floor32 else None),
-            f"{FRAUD} c=32 batching on p99 / floor p99", 1.0, "le", "floor c=32 p99",
+            f"{FRAUD} c=32 batching on p99 / floor p99",
+            1.0,
+            "le",
+            "floor c=32 p99",
         ),
         (
             "target.fraud_c1_on_vs_off_p50",
             ratio(on1.p50_us if on1 else None, off1.p50_us if off1 else None),
-            f"{FRAUD} c=1 p50 batching on / off", 1.25, "le", "batching off c=1 p50",
+            f"{FRAUD} c=1 p50 batching on / off",
+            1.25,
+            "le",
+            "batching off c=1 p50",
         ),
         (
             "target.heavy_c32_on_vs_off_throughput",
             ratio(on.throughput if on else None, off.throughput if off else None),
-            f"{HEAVY} c=32 throughput batching on / off", 3.5, "ge", "batching off c=32 throughput",
+            f"{HEAVY} c=32 throughput batching on / off",
+            3.5,
+            "ge",
+            "batching off c=32 throughput",
         ),
         (
             "target.heavy_c32_on_vs_in_process",
             ratio(on.throughput if on else None, limit),
-            f"{HEAVY} c=32 batching on / in-process rows/s", 0.80, "ge",
+            f"{HEAVY} c=32 batching on / in-process rows/s",
+            0.80,
+            "ge",
             f"in-process FP32 forward at batch {FORWARD_BATCH}",
         ),
         (
             "target.int8_vs_fp32_speed",
             ratio(forward.int8_rows_s, forward.fp32_rows_s),
-            f"INT8 / FP32 forward speed (batch {FORWARD_BATCH})", 3.0, "ge", "FP32 forward",
+            f"INT8 / FP32 forward speed (batch {FORWARD_BATCH})",
+            3.0,
+            "ge",
+            "FP32 forward",
         ),
         (
             "target.int8_max_abs_diff",
             forward.max_abs_diff,
-            "INT8 largest |score diff| vs FP32", 0.02, "le", "FP32 scores",
+            "INT8 largest |score diff| vs FP32",
+            0.02,
+            "le",
+            "FP32 scores",
         ),
-    ]  # fmt: skip
+    ]
     rows = []
     for name, value, label, threshold, op, versus in targets:
         if value is None:
