@@ -1,16 +1,24 @@
-"""Server interceptors: domain errors to gRPC status with per-RPC metrics (one place), and OTel tracing."""
+"""The server interceptor every service runs: domain errors to gRPC status, per-RPC metrics and a SERVER span.
+
+It covers all four RPC kinds. A streaming handler written as an async generator is driven here with
+`context.write`, so that the stream's whole life (including a client's cancellation, which arrives as a
+CancelledError or a failed write in this coroutine) is one frame that maps errors, observes metrics and ends
+its span.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from typing import Any
 
 import grpc
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
+from opentelemetry.propagators.textmap import Getter
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from services.common.errors import MeshserveError
@@ -18,26 +26,113 @@ from services.common.metrics import RpcMetrics
 
 log = logging.getLogger(__name__)
 
+# A handler as grpc.aio calls it: (request or request iterator, context) -> response, or None for a stream that
+# wrote its responses with context.write.
 Behavior = Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]
+StreamBehavior = Callable[[Any, grpc.aio.ServicerContext], AsyncGenerator[Any, None]]
 UNTRACED_PREFIXES = ("/grpc.health.v1.", "/grpc.reflection.")
+_HANDLER_FACTORIES = {
+    (False, False): (grpc.unary_unary_rpc_method_handler, "unary_unary"),
+    (False, True): (grpc.unary_stream_rpc_method_handler, "unary_stream"),
+    (True, False): (grpc.stream_unary_rpc_method_handler, "stream_unary"),
+    (True, True): (grpc.stream_stream_rpc_method_handler, "stream_stream"),
+}
+
+
+def _behavior(handler: grpc.RpcMethodHandler) -> tuple[Behavior | None, bool]:
+    """The handler's behavior as a coroutine function and whether its responses stream; None for a synchronous
+    behavior, which grpc runs in its executor and this interceptor leaves alone."""
+    streaming = bool(handler.response_streaming)
+    _, field = _HANDLER_FACTORIES[(bool(handler.request_streaming), streaming)]
+    behavior = getattr(handler, field)
+    if streaming and inspect.isasyncgenfunction(behavior):
+        return _stream(_written(behavior)), True
+    if streaming and inspect.iscoroutinefunction(behavior):
+        return _stream(behavior), True
+    if not streaming and inspect.iscoroutinefunction(behavior):
+        return behavior, False
+    return None, streaming
+
+
+def _stream(behavior: Behavior) -> Behavior:
+    """A response stream as one coroutine (a handler that writes with context.write, or `_written`'s)."""
+
+    async def stream(request: Any, context: grpc.aio.ServicerContext) -> None:
+        try:
+            await behavior(request, context)
+        except grpc.aio.InternalError as exc:
+            # A write failed in grpc's core: the client cancelled or its connection dropped mid-stream. Ending as
+            # the cancellation it is lets grpc close the RPC quietly (it logs a failed write as an error).
+            raise asyncio.CancelledError("the client went away mid-stream") from exc
+
+    return stream
+
+
+def _written(behavior: StreamBehavior) -> Behavior:
+    """An async-generator stream as a coroutine that writes each response and closes the generator in this task:
+    its `finally` runs now, even when the stream is cancelled while suspended at a `yield`, not whenever the
+    generator is garbage-collected (in another task, outside the RPC's span and metrics)."""
+
+    async def write_all(request: Any, context: grpc.aio.ServicerContext) -> None:
+        responses = behavior(request, context)
+        try:
+            async for response in responses:
+                await context.write(response)
+        finally:
+            await responses.aclose()
+
+    return write_all
 
 
 def _with_behavior(handler: grpc.RpcMethodHandler, behavior: Behavior) -> grpc.RpcMethodHandler:
-    return grpc.unary_unary_rpc_method_handler(
+    factory, _ = _HANDLER_FACTORIES[(bool(handler.request_streaming), bool(handler.response_streaming))]
+    return factory(
         behavior,
         request_deserializer=handler.request_deserializer,
         response_serializer=handler.response_serializer,
     )
 
 
-class _CachingInterceptor(grpc.aio.ServerInterceptor):
-    """Wraps each unary method handler once and reuses the wrapper on every call."""
+def _unsampled(traceparent: str | None) -> bool:
+    """A well-formed W3C traceparent (version 00) whose sampled flag is off."""
+    if traceparent is None or len(traceparent) != 55 or not traceparent.startswith("00-"):
+        return False
+    try:
+        return not int(traceparent[53:55], 16) & 1
+    except ValueError:  # malformed: let the propagator judge it
+        return False
 
-    def __init__(self) -> None:
+
+class _MetadataGetter(Getter[Mapping[str, str]]):
+    """Reads W3C trace context (traceparent/tracestate) from gRPC invocation metadata."""
+
+    def get(self, carrier: Mapping[str, str], key: str) -> list[str] | None:
+        value = carrier.get(key)
+        return None if value is None else [value]
+
+    def keys(self, carrier: Mapping[str, str]) -> list[str]:
+        return list(carrier)
+
+
+_GETTER = _MetadataGetter()
+
+
+class ErrorAndMetricsInterceptor(grpc.aio.ServerInterceptor):
+    """Maps MeshserveError to its gRPC status (unexpected exceptions to INTERNAL), counts every RPC by code and
+    times it, and with a tracer provider starts a SERVER span per RPC as the child of the caller's W3C context.
+
+    This is the single place where exceptions become status codes, so that Envoy's retry and
+    outlier-detection policies see UNAVAILABLE / RESOURCE_EXHAUSTED / INVALID_ARGUMENT consistently.
+    Tracing is the outer layer: the span is current while errors are mapped and latency is observed, so latency
+    histograms carry the trace id as an exemplar. Health and reflection are counted but never traced; a caller
+    whose traceparent says "not sampled" gets no span and no context extraction (nothing would be exported).
+    Each method's wrapper is built once and reused on every call.
+    """
+
+    def __init__(self, service: str, tracer_provider: trace.TracerProvider | None = None) -> None:
+        self.metrics = RpcMetrics(service)
+        self.tracer = tracer_provider.get_tracer("meshserve.grpc") if tracer_provider is not None else None
         self._cache: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
-
-    def _wrap(self, method: str, behavior: Behavior) -> Behavior | None:
-        raise NotImplementedError
 
     async def intercept_service(
         self,
@@ -45,41 +140,28 @@ class _CachingInterceptor(grpc.aio.ServerInterceptor):
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
         handler = await continuation(handler_call_details)
-        if handler is None or handler.unary_unary is None:
+        if handler is None:
             return handler
         method = handler_call_details.method
         cached = self._cache.get(method)
         if cached is not None and cached[0] is handler:
             return cached[1]
-        wrapped_behavior = self._wrap(method, handler.unary_unary)
-        wrapped = handler if wrapped_behavior is None else _with_behavior(handler, wrapped_behavior)
+        behavior, streaming = _behavior(handler)
+        wrapped = handler
+        if behavior is not None:
+            wrapped = _with_behavior(handler, self._wrap(method, behavior, streaming))
         self._cache[method] = (handler, wrapped)
         return wrapped
 
-
-class ErrorAndMetricsInterceptor(_CachingInterceptor):
-    """Maps MeshserveError to its gRPC status (unexpected exceptions to INTERNAL) and counts every RPC.
-
-    This is the single place where exceptions become status codes, so that Envoy's retry and
-    outlier-detection policies see UNAVAILABLE / RESOURCE_EXHAUSTED / INVALID_ARGUMENT consistently.
-    """
-
-    def __init__(self, service: str, tracer_provider: trace.TracerProvider | None = None) -> None:
-        super().__init__()
-        self.metrics = RpcMetrics(service)
-        # With a tracer provider, this one interceptor also traces (outermost), which costs one interceptor
-        # hop per RPC less than stacking TracingInterceptor in front of it.
-        self.tracing = TracingInterceptor(tracer_provider) if tracer_provider is not None else None
-
-    def _wrap(self, method: str, behavior: Behavior) -> Behavior:
-        mapped = self._map_errors(method, behavior)
-        if self.tracing is None:
+    def _wrap(self, method: str, behavior: Behavior, streaming: bool) -> Behavior:
+        mapped = self._map_errors(method, behavior, streaming)
+        if self.tracer is None or method.startswith(UNTRACED_PREFIXES):
             return mapped
-        return self.tracing._wrap(method, mapped) or mapped
+        return self._traced(method, mapped, self.tracer)
 
-    def _map_errors(self, method: str, behavior: Behavior) -> Behavior:
+    def _map_errors(self, method: str, behavior: Behavior, streaming: bool) -> Behavior:
         short = method.rsplit("/", 1)[-1]
-        observe = self.metrics.observe
+        observe = self.metrics.observe_stream if streaming else self.metrics.observe
 
         async def wrapped(request: Any, context: grpc.aio.ServicerContext) -> Any:
             start = time.perf_counter()
@@ -106,55 +188,27 @@ class ErrorAndMetricsInterceptor(_CachingInterceptor):
 
         return wrapped
 
-
-def _unsampled(traceparent: str | None) -> bool:
-    """A well-formed W3C traceparent (version 00) whose sampled flag is off."""
-    if traceparent is None or len(traceparent) != 55 or not traceparent.startswith("00-"):
-        return False
-    try:
-        return not int(traceparent[53:55], 16) & 1
-    except ValueError:  # malformed: let the propagator judge it
-        return False
-
-
-class _MetadataGetter:
-    """Reads W3C trace context (traceparent/tracestate) from gRPC invocation metadata."""
-
-    def get(self, carrier: dict[str, str], key: str) -> list[str] | None:
-        value = carrier.get(key)
-        return None if value is None else [value]
-
-    def keys(self, carrier: dict[str, str]) -> list[str]:
-        return list(carrier)
-
-
-class TracingInterceptor(_CachingInterceptor):
-    """Starts a SERVER span per RPC as the child of the caller's W3C context; health checks are not traced."""
-
-    def __init__(self, tracer_provider: trace.TracerProvider) -> None:
-        super().__init__()
-        self.tracer = tracer_provider.get_tracer("meshserve.grpc")
-        self._getter = _MetadataGetter()
-
-    def _wrap(self, method: str, behavior: Behavior) -> Behavior | None:
-        if method.startswith(UNTRACED_PREFIXES):
-            return None
-        service, _, rpc = method.lstrip("/").partition("/")
-        tracer = self.tracer
-        getter = self._getter
-        attributes = {"rpc.system": "grpc", "rpc.service": service, "rpc.method": rpc}
+    @staticmethod
+    def _traced(method: str, behavior: Behavior, tracer: trace.Tracer) -> Behavior:
+        name = method.lstrip("/")
+        service, _, rpc = name.partition("/")
+        attributes: dict[str, str | int] = {
+            "rpc.system": "grpc",
+            "rpc.service": service,
+            "rpc.method": rpc,
+            "rpc.grpc.status_code": 0,
+        }
 
         async def traced(request: Any, context: grpc.aio.ServicerContext) -> Any:
             metadata = {k: v for k, v in (context.invocation_metadata() or ()) if isinstance(v, str)}
             if _unsampled(metadata.get("traceparent")):
-                # The caller decided not to sample: no span (nothing would be exported), no context to attach;
-                # the gateway passes the header on as it came, so the whole request stays unsampled.
+                # The caller decided not to sample: no span, no context to attach; the gateway passes the header
+                # on as it came, so the whole request stays unsampled.
                 return await behavior(request, context)
-            parent = propagate.extract(metadata, getter=getter)
-            token = otel_context.attach(parent)
+            token = otel_context.attach(propagate.extract(metadata, getter=_GETTER))
             try:
                 with tracer.start_as_current_span(
-                    method.lstrip("/"),
+                    name,
                     kind=SpanKind.SERVER,
                     attributes=attributes,
                     record_exception=False,
@@ -162,14 +216,13 @@ class TracingInterceptor(_CachingInterceptor):
                 ) as span:
                     try:
                         return await behavior(request, context)
-                    except MeshserveError as exc:
-                        span.set_attribute("rpc.grpc.status_code", exc.code.value[0])
-                        span.set_status(Status(StatusCode.ERROR, str(exc)))
-                        raise
-                    except grpc.aio.AbortError:  # the error interceptor (inside this one) set the status
+                    except grpc.aio.AbortError:  # the error mapping (inside this layer) set the status
                         code = context.code() or grpc.StatusCode.UNKNOWN
                         span.set_attribute("rpc.grpc.status_code", code.value[0])
                         span.set_status(Status(StatusCode.ERROR, f"{code.name}: {context.details() or ''}"))
+                        raise
+                    except asyncio.CancelledError:  # the client went away: not a fault of this server
+                        span.set_attribute("rpc.grpc.status_code", grpc.StatusCode.CANCELLED.value[0])
                         raise
                     except Exception as exc:
                         span.set_status(Status(StatusCode.ERROR, repr(exc)))

@@ -1,4 +1,4 @@
-"""Prometheus metrics shared by every service: the /metrics endpoint and per-RPC counters and latencies."""
+"""Prometheus metrics shared by every service: the /metrics endpoint and per-RPC counts, latencies and stream lives."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from prometheus_client import Counter, Histogram, start_http_server
 log = logging.getLogger(__name__)
 
 # Latency buckets from 100 µs to 10 s: fine enough below a millisecond for p99 of fast RPCs.
-LATENCY_BUCKETS = (
-    0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.0015, 0.002, 0.003, 0.005, 0.0075, 0.01,
-    0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
-)  # fmt: skip
+_MS = (0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 3, 5, 7.5, 10, 15, 20, 30, 50, 75, 100, 250, 500, 1000, 2500, 5000, 10000)
+LATENCY_BUCKETS = tuple(ms / 1000 for ms in _MS)
+# A streaming RPC (e.g. CacheService/Watch) lives from milliseconds to the whole life of a replica.
+STREAM_BUCKETS = (0.01, 0.1, 1.0, 10.0, 60.0, 300.0, 900.0, 3600.0, 4 * 3600.0, 24 * 3600.0)
 
 GRPC_HANDLED = Counter(
     "meshserve_grpc_server_handled_total",
@@ -23,9 +23,16 @@ GRPC_HANDLED = Counter(
 )
 GRPC_HANDLING = Histogram(
     "meshserve_grpc_server_handling_seconds",
-    "Time to handle an RPC on the server (successful or not).",
+    "Time to handle a unary-response RPC on the server (successful or not).",
     ["service", "method"],
     buckets=LATENCY_BUCKETS,
+)
+# Apart from the handling histogram, so that a long-lived stream never counts against the RPC latency SLO.
+GRPC_STREAM = Histogram(
+    "meshserve_grpc_server_stream_seconds",
+    "How long a response-streaming RPC stayed open on the server (until it ended, failed or was cancelled).",
+    ["service", "method"],
+    buckets=STREAM_BUCKETS,
 )
 
 
@@ -45,18 +52,32 @@ class RpcMetrics:
         self.service = service
         self._handled: dict[tuple[str, grpc.StatusCode], Counter] = {}
         self._handling: dict[str, Histogram] = {}
+        self._streams: dict[str, Histogram] = {}
 
-    def observe(self, method: str, code: grpc.StatusCode, seconds: float) -> None:
+    def _count(self, method: str, code: grpc.StatusCode) -> None:
         key = (method, code)
         counter = self._handled.get(key)
         if counter is None:
             counter = GRPC_HANDLED.labels(self.service, method, code.name)
             self._handled[key] = counter
         counter.inc()
+
+    def observe(self, method: str, code: grpc.StatusCode, seconds: float) -> None:
+        """A finished unary-response RPC: its count by code and its handling time."""
+        self._count(method, code)
         hist = self._handling.get(method)
         if hist is None:
             hist = GRPC_HANDLING.labels(self.service, method)
             self._handling[method] = hist
+        hist.observe(seconds, trace_exemplar())
+
+    def observe_stream(self, method: str, code: grpc.StatusCode, seconds: float) -> None:
+        """A finished response stream: its count by code and how long it stayed open."""
+        self._count(method, code)
+        hist = self._streams.get(method)
+        if hist is None:
+            hist = GRPC_STREAM.labels(self.service, method)
+            self._streams[method] = hist
         hist.observe(seconds, trace_exemplar())
 
 
