@@ -26,7 +26,7 @@ class Priority(enum.IntEnum):
 _PRIORITY_NAMES = {"high": Priority.HIGH, "normal": Priority.NORMAL, "low": Priority.LOW}
 
 
-def parse_priority(value: str | int | None) -> Priority:
+def parse_priority(value: str | float | None) -> Priority:
     """`priority` request parameter: high/normal/low, or Triton-style levels (1 highest, 0 the default)."""
     if value is None or value == "" or value == 0:
         return Priority.NORMAL

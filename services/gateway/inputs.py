@@ -9,8 +9,8 @@ import numpy as np
 
 from services.common.errors import InvalidArgument
 from services.common.tensor_codec import datatype_of
+from services.feature.api import FieldValue
 from services.gateway.pipeline import InputSpec, PipelineSpec
-from services.protos import feature_pb2 as fpb
 
 
 def _describe(spec: InputSpec) -> str:
@@ -70,10 +70,11 @@ def check_inputs(pipeline: PipelineSpec, inputs: Mapping[str, np.ndarray]) -> tu
     return rows, out
 
 
-def _column(spec_name: str, array: np.ndarray) -> list[object]:
+def _column(spec_name: str, array: np.ndarray) -> list[FieldValue]:
+    """The first element of every row as a Python value (BYTES as UTF-8 text)."""
     flat = array.reshape(array.shape[0], -1)[:, 0]
     if array.dtype.kind == "O":
-        values: list[object] = []
+        values: list[FieldValue] = []
         for row, item in enumerate(flat.tolist()):
             if isinstance(item, bytes):
                 try:
@@ -85,15 +86,11 @@ def _column(spec_name: str, array: np.ndarray) -> list[object]:
     return flat.tolist()
 
 
-_VALUE_FIELD = {"BYTES": "string_value", "INT64": "int64_value", "INT32": "int64_value", "BOOL": "bool_value",
-                "FP32": "double_value", "FP64": "double_value"}  # fmt: skip
-
-
-def feature_rows(pipeline: PipelineSpec, inputs: Mapping[str, np.ndarray], rows: int) -> list[fpb.Row]:
-    """One feature-service Row per request row; each input is one typed field."""
-    columns = [(s.name, _VALUE_FIELD[s.datatype], _column(s.name, inputs[s.name])) for s in pipeline.inputs]
-    out = [fpb.Row() for _ in range(rows)]
-    for name, field, values in columns:
+def feature_rows(pipeline: PipelineSpec, inputs: Mapping[str, np.ndarray], rows: int) -> list[dict[str, FieldValue]]:
+    """One feature-service row per request row; each input is one typed field (text, int, float or bool)."""
+    columns = [(s.name, _column(s.name, inputs[s.name])) for s in pipeline.inputs]
+    out: list[dict[str, FieldValue]] = [{} for _ in range(rows)]
+    for name, values in columns:
         for row, value in zip(out, values, strict=True):
-            setattr(row.fields[name], field, value)
+            row[name] = value
     return out

@@ -1,4 +1,4 @@
-"""The gateway's near cache follows the cache service's invalidations over a Watch stream.
+"""The gateway's near cache, and how it follows the cache service's invalidations over a Watch stream.
 
 While the stream is live, every invalidation any cache replica applies reaches the near cache within a
 round trip, so fresh hits may stay near for `watched_ttl_s` (the pipeline's own TTL still bounds them).
@@ -12,12 +12,10 @@ import asyncio
 import logging
 from collections.abc import Sequence
 
-import grpc
-
-from services.cache.fanout import Invalidation
-from services.cache.l1 import L1Cache
-from services.protos import cache_pb2 as pb
-from services.protos import cache_pb2_grpc as pb_grpc
+from services.cache.api import Invalidation, L1Cache
+from services.common.errors import MeshserveError
+from services.gateway.settings import GatewaySettings
+from services.gateway.upstream import UNTRACED, WatchUpstream
 
 log = logging.getLogger(__name__)
 RECONNECT_S = 0.5  # wait between attempts to (re)open the stream
@@ -26,10 +24,17 @@ RECONNECT_S = 0.5  # wait between attempts to (re)open the stream
 class NearCacheWatch:
     """Keeps `near` in step with the cache service: `run()` until cancelled."""
 
-    def __init__(self, near: L1Cache, stub: pb_grpc.CacheServiceStub, watched_ttl_s: float, unwatched_ttl_s: float,
-                 heartbeat_timeout_s: float, metadata: Sequence[tuple[str, str]] = ()) -> None:  # fmt: skip
+    def __init__(
+        self,
+        near: L1Cache,
+        cache: WatchUpstream,
+        watched_ttl_s: float,
+        unwatched_ttl_s: float,
+        heartbeat_timeout_s: float,
+        metadata: Sequence[tuple[str, str]] = (),
+    ) -> None:
         self.near = near
-        self.stub = stub
+        self.cache = cache
         self.watched_ttl_s = watched_ttl_s
         self.unwatched_ttl_s = unwatched_ttl_s
         self.heartbeat_timeout_s = heartbeat_timeout_s
@@ -38,9 +43,8 @@ class NearCacheWatch:
         self.events = 0  # invalidations applied (resets included)
         near.max_ttl_s = unwatched_ttl_s
 
-    def apply(self, event: pb.InvalidationEvent) -> int:
+    def apply(self, invalidation: Invalidation) -> int:
         """Drop what an event names; returns how many entries. The first event (a reset) makes the watch live."""
-        invalidation = Invalidation(event.reset, event.pipeline, event.model_name, event.model_version)
         if invalidation.heartbeat:
             return 0
         removed = self.near.remove_where(invalidation.matches)
@@ -53,24 +57,42 @@ class NearCacheWatch:
     def lost(self) -> None:
         """The stream ended or failed: what arrives from now on could be missed, so start over short-lived."""
         if self.live:
-            log.info("cache invalidation watch lost: near cache emptied, entries kept %.1f s until it is back",
-                     self.unwatched_ttl_s)  # fmt: skip
+            log.info(
+                "cache invalidation watch lost: near cache emptied, entries kept %.1f s until it is back",
+                self.unwatched_ttl_s,
+            )
         self.live = False
         self.near.max_ttl_s = self.unwatched_ttl_s
         self.near.remove_where(lambda e: True)
 
     async def run(self) -> None:
         while True:
-            call = self.stub.Watch(pb.WatchRequest(), metadata=self.metadata)
+            # A silent stream (no heartbeat for heartbeat_timeout_s) raises, and counts as lost.
+            events = self.cache.watch(self.metadata, heartbeat_timeout_s=self.heartbeat_timeout_s)
             try:
-                while True:  # a silent stream (no heartbeat) counts as lost
-                    event = await asyncio.wait_for(call.read(), self.heartbeat_timeout_s)
-                    if event is grpc.aio.EOF:
-                        break
+                async for event in events:
                     self.apply(event)
-            except (grpc.aio.AioRpcError, TimeoutError) as exc:
+            except MeshserveError as exc:
                 log.debug("cache invalidation watch failed: %r", exc)
             finally:
-                call.cancel()
+                await events.aclose()
                 self.lost()
             await asyncio.sleep(RECONNECT_S)
+
+
+def near_cache(settings: GatewaySettings, cache: WatchUpstream) -> tuple[L1Cache | None, NearCacheWatch | None]:
+    """The near cache the settings ask for (None: off), and its watch (None: entries live near_cache_ttl_s)."""
+    if settings.near_cache_max_bytes <= 0 or settings.near_cache_ttl_s <= 0:
+        return None, None
+    near = L1Cache(settings.near_cache_max_bytes, settings.near_cache_ttl_s)
+    if settings.near_cache_watched_ttl_s <= 0:
+        return near, None
+    watch = NearCacheWatch(
+        near,
+        cache,
+        settings.near_cache_watched_ttl_s,
+        settings.near_cache_ttl_s,
+        settings.watch_heartbeat_timeout_s,
+        UNTRACED,
+    )
+    return near, watch

@@ -16,6 +16,7 @@ from services.common.yaml_docs import DocumentError, load_document, located_erro
 
 Datatype = Literal["BOOL", "INT32", "INT64", "FP32", "FP64", "BYTES"]
 Remedy = Literal["stale_cache", "fallback_model", "default"]
+FeatureRemedy = Literal["stale_cache", "default"]
 
 
 class _Strict(BaseModel):
@@ -82,13 +83,22 @@ class FallbackModel(_Strict):
     version: str = ""
 
 
-class Degradation(_Strict):
-    """What answers when the model fails (overloaded, down, timed out) or the features are degraded."""
+def _model_remedies() -> list[Remedy]:
+    return ["stale_cache", "fallback_model", "default"]
 
-    on_model_failure: list[Remedy] = Field(default_factory=lambda: ["stale_cache", "fallback_model", "default"])
-    on_feature_failure: list[Literal["stale_cache", "default"]] = Field(
-        default_factory=lambda: ["stale_cache", "default"]
-    )
+
+def _feature_remedies() -> list[FeatureRemedy]:
+    return ["stale_cache", "default"]
+
+
+class Degradation(_Strict):
+    """What answers when the model fails (overloaded, down, timed out) or the features are degraded.
+
+    Each list is tried in its order; a remedy that cannot answer (no stale entry, the fallback failed too)
+    falls through to the next."""
+
+    on_model_failure: list[Remedy] = Field(default_factory=_model_remedies)
+    on_feature_failure: list[FeatureRemedy] = Field(default_factory=_feature_remedies)
     fallback_model: FallbackModel | None = None
     default_outputs: dict[str, float] | None = Field(
         None, description="Constant output values (every element of that output), e.g. {score: 0.0}."

@@ -1,112 +1,84 @@
 """One pipeline request end to end: cache lookup, then on a miss features -> preprocess -> model, the cache
-store off the critical path, identical concurrent requests coalesced, and the pipeline's degradation
-policy when the model or the features fail (never silent: the answer says `degraded`)."""
+store off the critical path, identical concurrent requests coalesced, and the degradation policy when the
+model or the features fail (never silent: the answer says `degraded`)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 
-import grpc
 import numpy as np
 from opentelemetry import trace
 
-from services.cache.client import CachedValue, SingleFlight
-from services.cache.entry import Entry
-from services.cache.keys import request_digest, versioned_key
-from services.cache.l1 import L1Cache
+from services.cache.api import CachedValue, Entry, L1Cache, SingleFlight, request_digest, versioned_key
 from services.common.errors import MeshserveError, Unavailable
-from services.common.tensor_codec import NUMPY_DTYPES, encode_raw
+from services.common.tensor_codec import encode_raw
 from services.common.tracing import child_span
+from services.feature.api import FeatureMatrix
 from services.gateway import metrics
+from services.gateway.converters import answer_from_cache, answer_to_cache_value
+from services.gateway.degradation import (
+    Failure,
+    Remedy,
+    default_answer,
+    feature_failure,
+    first_answer,
+    model_failure,
+    stale_answer,
+)
+from services.gateway.domain import Answer, OutputSpec
 from services.gateway.inputs import feature_rows
 from services.gateway.pipeline import PipelineSpec
-from services.gateway.upstream import Deadline, Upstreams, hop_headers, upstream_error
+from services.gateway.upstream import CacheUpstream, Deadline, FeatureUpstream, Headers, ModelUpstream, hop_headers
 from services.gateway.versions import ServingVersions
-from services.protos import feature_pb2 as fpb
-from services.protos import inference_pb2 as pb
+from services.model.api import InferResult, RawTensor
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("meshserve.gateway")
-
-# Model failures the degradation policy answers for; anything else (e.g. INVALID_ARGUMENT) goes to the caller.
-MODEL_FAILURES = {
-    grpc.StatusCode.UNAVAILABLE: "model_unavailable",
-    grpc.StatusCode.RESOURCE_EXHAUSTED: "model_overloaded",
-    grpc.StatusCode.DEADLINE_EXCEEDED: "model_timeout",
-    grpc.StatusCode.NOT_FOUND: "model_not_loaded",
-    grpc.StatusCode.INTERNAL: "model_error",
-    grpc.StatusCode.UNKNOWN: "model_error",
-    grpc.StatusCode.CANCELLED: "model_unavailable",
-}
-
-
-@dataclass
-class Answer:
-    """What a pipeline answered: the output tensors (raw v2 bytes) and how the answer came about."""
-
-    outputs: list[tuple[str, str, list[int], bytes]]
-    model_version: str
-    cache: str  # hit, miss or stale
-    degraded: str | None = None
-    degraded_detail: str | None = None
-    stages_ms: dict[str, float] = field(default_factory=dict)
-
-    def to_cache_value(self, model_name: str) -> bytes:
-        message = pb.ModelInferResponse(model_name=model_name, model_version=self.model_version)
-        for name, datatype, shape, raw in self.outputs:
-            message.outputs.add(name=name, datatype=datatype, shape=shape)
-            message.raw_output_contents.append(raw)
-        return message.SerializeToString()
-
-    @staticmethod
-    def from_cache(hit: CachedValue, cache: str) -> Answer:
-        message = pb.ModelInferResponse.FromString(hit.value)
-        outputs = [
-            (o.name, o.datatype, list(o.shape), raw)
-            for o, raw in zip(message.outputs, message.raw_output_contents, strict=True)
-        ]
-        return Answer(outputs, message.model_version or hit.model_version, cache)
-
-
-@dataclass
-class OutputSpec:
-    datatype: str
-    dims: list[int]
-
-
-class ModelFailure(Exception):
-    def __init__(self, reason: str, error: MeshserveError) -> None:
-        super().__init__(str(error))
-        self.reason = reason
-        self.error = error
+Wire = tuple[str, list[int], bytes]  # a tensor's datatype, shape and raw contents
 
 
 class PipelineRunner:
-    """Runs one pipeline; built once per pipeline at start, shared by every request."""
+    """Runs one pipeline; built once per pipeline at start, shared by every request.
+
+    The upstream clients come in by the constructor (the real ones in the gateway, fakes in tests); `outputs`
+    is what the version refresher learnt of each model's outputs (by model name), read by the default remedy.
+    """
 
     def __init__(
-        self, spec: PipelineSpec, upstreams: Upstreams, versions: ServingVersions, near: L1Cache | None = None
+        self,
+        spec: PipelineSpec,
+        cache: CacheUpstream,
+        features: FeatureUpstream,
+        model: ModelUpstream,
+        versions: ServingVersions,
+        near: L1Cache | None = None,
+        outputs: Mapping[str, Mapping[str, OutputSpec]] | None = None,
     ) -> None:
         self.spec = spec
-        self.near = near if near is not None and near.max_bytes > 0 and near.max_ttl_s > 0 else None
-        self.up = upstreams
+        self.cache = cache
+        self.features = features
+        self.model = model
         self.versions = versions
+        self.near = near if near is not None and near.max_bytes > 0 and near.max_ttl_s > 0 else None
+        self.known_outputs: Mapping[str, Mapping[str, OutputSpec]] = {} if outputs is None else outputs
         self.model_inputs = spec.model_inputs()
         self.key_inputs = spec.cache.key_inputs or [i.name for i in spec.inputs]
-        self.model_outputs: dict[str, OutputSpec] = {}  # filled from ModelMetadata (see Gateway.refresh)
         self._flights: SingleFlight[Answer] = SingleFlight()
-        self._stores: set[asyncio.Task[bool]] = set()
+        self._stores: set[asyncio.Future[bool]] = set()
+
+    @property
+    def model_outputs(self) -> Mapping[str, OutputSpec]:
+        """The pipeline model's outputs (empty until its metadata has been read)."""
+        return self.known_outputs.get(self.spec.model.name, {})
 
     # -- entry point ---------------------------------------------------------------------------------------
 
-    async def run(
-        self, inputs: Mapping[str, np.ndarray], rows: int, deadline: Deadline, headers: Sequence[tuple[str, str]]
-    ) -> Answer:
-        """The answer to one request; identical concurrent requests share one computation."""
+    async def run(self, inputs: Mapping[str, np.ndarray], rows: int, deadline: Deadline, headers: Headers) -> Answer:
+        """The answer to one request (inputs checked against the pipeline); identical concurrent requests share
+        one computation."""
         flight_key = request_digest({name: inputs[name] for name in self.key_inputs})
         if flight_key in self._flights:
             metrics.COALESCED.labels(self.spec.name).inc()
@@ -124,7 +96,7 @@ class PipelineRunner:
         keys: list[tuple[str, bytes]],
         deadline: Deadline,
         stages: dict[str, float],
-        headers: Sequence[tuple[str, str]],
+        headers: Headers,
         generation: int,
     ) -> tuple[CachedValue | None, CachedValue | None]:
         """(fresh hit, stale hit) for the serving versions, newest version first."""
@@ -140,7 +112,7 @@ class PipelineRunner:
                     return CachedValue(entry.value, entry.model_version, now - entry.stored_at, False), None
         with child_span(tracer, "cache.lookup", {"cache.keys": len(keys)}):
             timeout = deadline.for_hop(self.spec.timeouts.cache_ms, "the cache lookup")
-            hits = await self.up.cache.lookup(
+            hits = await self.cache.lookup(
                 [k for _, k in keys], self.spec.name, allow_stale=True, timeout_s=timeout, metadata=hop_headers(headers)
             )
         stages["cache"] = (time.perf_counter() - start) * 1e3
@@ -159,23 +131,27 @@ class PipelineRunner:
         if self.near is not None and self.near.generation == generation:
             policy, model = self.spec.cache, self.spec.model.name
             fresh_until = stored_at + policy.ttl_s
-            self.near.put(key, Entry(value, self.spec.name, model, version, stored_at, fresh_until, fresh_until),
-                          time.time())  # fmt: skip
+            entry = Entry(value, self.spec.name, model, version, stored_at, fresh_until, fresh_until)
+            self.near.put(key, entry, time.time())
 
     async def _features(
-        self, inputs: Mapping[str, np.ndarray], rows: int, deadline: Deadline, headers: Sequence[tuple[str, str]]
-    ) -> tuple[bytes, int, int]:
-        """(FP32 matrix bytes, columns, degraded rows) from the feature service."""
+        self, inputs: Mapping[str, np.ndarray], rows: int, deadline: Deadline, headers: Headers
+    ) -> FeatureMatrix:
+        """The feature matrix; a failed call the policy answers for raises Failure, any other error goes on."""
         stage = self.spec.features
         assert stage is not None
         timeout = deadline.for_hop(self.spec.timeouts.features_ms, "computing features")
-        request = fpb.ComputeRequest(
-            feature_set=stage.feature_set, rows=feature_rows(self.spec, inputs, rows), budget_ms=stage.budget_ms
-        )
+        fields = feature_rows(self.spec, inputs, rows)
         with child_span(tracer, "features", {"feature.set": stage.feature_set, "rows": rows}):
-            response = await self.up.feature.Compute(request, timeout=timeout, metadata=hop_headers(headers))
-        degraded = sum(1 for f in response.flags if f.degraded)
-        return response.features, response.columns, degraded
+            try:
+                return await self.features.compute(
+                    stage.feature_set, fields, stage.budget_ms, timeout_s=timeout, metadata=hop_headers(headers)
+                )
+            except MeshserveError as exc:
+                failure = feature_failure(exc)
+                if failure is None:
+                    raise
+                raise failure from exc
 
     def _preprocess(self, tensors: dict[str, np.ndarray]) -> None:
         for p in self.spec.preprocess:
@@ -185,63 +161,37 @@ class PipelineRunner:
             tensors[p.output or p.input] = value
 
     async def _model(
-        self,
-        name: str,
-        version: str,
-        tensors: Mapping[str, tuple[str, list[int], bytes]],
-        deadline: Deadline,
-        headers: Sequence[tuple[str, str]],
-    ) -> tuple[pb.ModelInferResponse, str]:
-        request = pb.ModelInferRequest(model_name=name, model_version=version)
-        for model_input, tensor in self.model_inputs.items():
-            datatype, shape, raw = tensors[tensor]
-            request.inputs.add(name=model_input, datatype=datatype, shape=shape)
-            request.raw_input_contents.append(raw)
+        self, name: str, version: str, tensors: Mapping[str, Wire], deadline: Deadline, headers: Headers
+    ) -> InferResult:
+        """One model call; a failure the policy answers for raises Failure, any other error goes on."""
+        inputs = [RawTensor(model_input, *tensors[tensor]) for model_input, tensor in self.model_inputs.items()]
         try:
             timeout = deadline.for_hop(self.spec.timeouts.model_ms, f"calling model {name!r}")
         except MeshserveError as exc:
-            raise ModelFailure("model_timeout", exc) from exc
+            raise Failure("model_timeout", exc) from exc
         with child_span(tracer, "model", {"model.name": name, "model.version": version}):
             try:
                 metadata = hop_headers((*headers, ("x-model-version", version)) if version else headers)
-                response = await self.up.model.ModelInfer(request, timeout=timeout, metadata=metadata)
-            except grpc.aio.AioRpcError as exc:
-                reason = MODEL_FAILURES.get(exc.code())
-                error = upstream_error(f"model {name!r}", exc)
-                if reason is None:
-                    raise error from exc
-                raise ModelFailure(reason, error) from exc
-        self.versions.saw(name, response.model_version)
-        return response, response.model_version
+                result = await self.model.infer(name, version, inputs, timeout_s=timeout, metadata=metadata)
+            except MeshserveError as exc:
+                failure = model_failure(exc)
+                if failure is None:
+                    raise
+                raise failure from exc
+        self.versions.saw(name, result.model_version)
+        return result
 
-    def _outputs(self, response: pb.ModelInferResponse) -> list[tuple[str, str, list[int], bytes]]:
-        by_name = {o.name: (o, raw) for o, raw in zip(response.outputs, response.raw_output_contents, strict=False)}
+    def _outputs(self, result: InferResult) -> list[RawTensor]:
+        by_name = {t.name: t for t in result.outputs}
         missing = [n for n in self.spec.outputs if n not in by_name]
         if missing:
-            raise Unavailable(f"model {response.model_name!r} answered without output {missing[0]!r}")
-        return [(n, by_name[n][0].datatype, list(by_name[n][0].shape), by_name[n][1]) for n in self.spec.outputs]
-
-    def _default(self, rows: int, cause: str, detail: str) -> Answer | None:
-        values = self.spec.degradation.default_outputs
-        if values is None or any(n not in self.model_outputs for n in self.spec.outputs):
-            return None  # no default configured, or output shapes not known yet (model never reached)
-        outputs = []
-        for n in self.spec.outputs:
-            out = self.model_outputs[n]
-            array = np.full([rows, *out.dims], values.get(n, 0.0), dtype=NUMPY_DTYPES[out.datatype])
-            datatype, shape, raw = encode_raw(array)
-            outputs.append((n, datatype, shape, raw))
-        return Answer(outputs, "default", "miss", f"{cause}:default", detail)
+            raise Unavailable(f"model {result.model_name!r} answered without output {missing[0]!r}")
+        return [by_name[n] for n in self.spec.outputs]
 
     # -- the whole request ---------------------------------------------------------------------------------
 
     async def _compute(
-        self,
-        inputs: Mapping[str, np.ndarray],
-        digest: bytes,
-        rows: int,
-        deadline: Deadline,
-        headers: Sequence[tuple[str, str]],
+        self, inputs: Mapping[str, np.ndarray], digest: bytes, rows: int, deadline: Deadline, headers: Headers
     ) -> Answer:
         t0 = time.perf_counter()
         stages: dict[str, float] = {}
@@ -249,25 +199,24 @@ class PipelineRunner:
         generation = self.near.generation if self.near is not None else 0
         fresh, stale = await self._lookup(keys, deadline, stages, headers, generation)
         if fresh is not None:
-            return self._finish(Answer.from_cache(fresh, "hit"), stages, t0)
+            return self._finish(answer_from_cache(fresh, "hit"), stages, t0)
 
-        tensors: dict[str, tuple[str, list[int], bytes]] = {}
+        tensors: dict[str, Wire] = {}  # pipeline tensor -> its wire form
         features_degraded = 0
         if self.spec.features is not None:
             start = time.perf_counter()
+            failed: Failure | None = None
             try:
-                matrix, columns, features_degraded = await self._features(inputs, rows, deadline, headers)
-            except grpc.aio.AioRpcError as exc:
-                if exc.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND):
-                    raise upstream_error("feature service", exc) from exc
-                answer = self._degrade(
-                    "features_unavailable", self.spec.degradation.on_feature_failure, stale, rows,
-                    upstream_error("feature service", exc),
-                )  # fmt: skip
-                return self._finish(answer, stages, t0)
+                matrix = await self._features(inputs, rows, deadline, headers)
+            except Failure as failure:
+                failed = failure
             finally:
                 stages["features"] = (time.perf_counter() - start) * 1e3
-            tensors[self.spec.features.output] = ("FP32", [rows, columns], matrix)
+            if failed is not None:
+                answer = await self._degrade_features(failed, stale, rows)
+                return self._finish(answer, stages, t0)
+            tensors[self.spec.features.output] = ("FP32", [rows, matrix.columns], matrix.features)
+            features_degraded = matrix.degraded_rows
         if self.spec.preprocess or self.spec.features is None:
             start = time.perf_counter()
             arrays = dict(inputs)
@@ -280,81 +229,96 @@ class PipelineRunner:
         model = self.spec.model
         start = time.perf_counter()
         try:
-            response, version = await self._model(model.name, model.version, tensors, deadline, headers)
-        except ModelFailure as failure:
+            result = await self._model(model.name, model.version, tensors, deadline, headers)
+        except Failure as failure:
             stages["model"] = (time.perf_counter() - start) * 1e3
-            answer = await self._model_failure(failure, stale, rows, tensors, deadline, headers)
+            answer = await self._degrade_model(failure, stale, rows, tensors, deadline, headers)
             return self._finish(answer, stages, t0)
         stages["model"] = (time.perf_counter() - start) * 1e3
-        answer = Answer(self._outputs(response), version, "miss")
+        answer = Answer(self._outputs(result), result.model_version, "miss")
         if features_degraded:
             answer.degraded = "features_degraded"
             answer.degraded_detail = f"{features_degraded} of {rows} rows used default aggregates"
         elif self.spec.cache.enabled:
-            key = versioned_key(self.spec.name, model.name, version, digest)
+            key = versioned_key(self.spec.name, model.name, result.model_version, digest)
             self._store_later(key, answer, headers, generation)
         return self._finish(answer, stages, t0)
 
-    def _degrade(
-        self, cause: str, remedies: Sequence[str], stale: CachedValue | None, rows: int, error: MeshserveError
-    ) -> Answer:
-        for remedy in remedies:
-            if remedy == "stale_cache" and stale is not None:
-                answer = Answer.from_cache(stale, "stale")
-                answer.degraded, answer.degraded_detail = (
-                    f"{cause}:stale_cache",
-                    f"{error} (cached {stale.age_s:.0f} s ago)",
-                )
-                return answer
-            if remedy == "default":
-                answer = self._default(rows, cause, str(error))
-                if answer is not None:
-                    return answer
-        raise error
+    # -- degradation ---------------------------------------------------------------------------------------
 
-    async def _model_failure(
+    def _default_remedy(self, failure: Failure, rows: int) -> Remedy:
+        policy = self.spec.degradation
+
+        async def default() -> Answer | None:
+            return default_answer(failure, policy.default_outputs, self.spec.outputs, self.model_outputs, rows)
+
+        return default
+
+    async def _degrade_features(self, failure: Failure, stale: CachedValue | None, rows: int) -> Answer:
+        async def stale_cache() -> Answer | None:
+            return stale_answer(failure, stale)
+
+        remedies = {"stale_cache": stale_cache, "default": self._default_remedy(failure, rows)}
+        return await first_answer(self.spec.degradation.on_feature_failure, remedies, failure)
+
+    async def _degrade_model(
         self,
-        failure: ModelFailure,
+        failure: Failure,
         stale: CachedValue | None,
         rows: int,
-        tensors: Mapping[str, tuple[str, list[int], bytes]],
+        tensors: Mapping[str, Wire],
         deadline: Deadline,
-        headers: Sequence[tuple[str, str]],
+        headers: Headers,
     ) -> Answer:
         policy = self.spec.degradation
         metrics.MODEL_FAILURES.labels(self.spec.name, failure.reason).inc()
-        for remedy in policy.on_model_failure:
-            if remedy == "fallback_model" and policy.fallback_model is not None:
-                fb = policy.fallback_model
-                try:
-                    response, version = await self._model(fb.name, fb.version, tensors, deadline, headers)
-                except (ModelFailure, MeshserveError):
-                    continue
-                answer = Answer(self._outputs(response), version, "miss")
-                answer.degraded = f"{failure.reason}:fallback_model"
-                answer.degraded_detail = f"{failure.error}; answered by {fb.name} version {version}"
-                return answer
-            try:
-                return self._degrade(failure.reason, [remedy], stale, rows, failure.error)
-            except MeshserveError:
-                continue
-        raise failure.error
 
-    def _store_later(self, key: bytes, answer: Answer, headers: Sequence[tuple[str, str]], generation: int) -> None:
+        async def stale_cache() -> Answer | None:
+            return stale_answer(failure, stale)
+
+        async def fallback_model() -> Answer | None:
+            fallback = policy.fallback_model
+            if fallback is None:
+                return None
+            try:
+                result = await self._model(fallback.name, fallback.version, tensors, deadline, headers)
+            except (Failure, MeshserveError):
+                return None  # the fallback failed too: the next remedy
+            answer = Answer(self._outputs(result), result.model_version, "miss")
+            answer.degraded = f"{failure.reason}:fallback_model"
+            answer.degraded_detail = f"{failure.error}; answered by {fallback.name} version {result.model_version}"
+            return answer
+
+        remedies = {
+            "stale_cache": stale_cache,
+            "fallback_model": fallback_model,
+            "default": self._default_remedy(failure, rows),
+        }
+        return await first_answer(policy.on_model_failure, remedies, failure)
+
+    # -- after the answer ----------------------------------------------------------------------------------
+
+    def _store_later(self, key: bytes, answer: Answer, headers: Headers, generation: int) -> None:
         """Store the answer off the critical path (a task; the response does not wait for it)."""
-        value = answer.to_cache_value(self.spec.model.name)
+        value = answer_to_cache_value(answer, self.spec.model.name)
         self._keep_near(key, value, answer.model_version, time.time(), generation)
         task = asyncio.ensure_future(self._store(key, value, answer.model_version, headers))
         self._stores.add(task)
         task.add_done_callback(self._stores.discard)
 
-    async def _store(self, key: bytes, value: bytes, version: str, headers: Sequence[tuple[str, str]]) -> bool:
+    async def _store(self, key: bytes, value: bytes, version: str, headers: Headers) -> bool:
         policy = self.spec.cache
         with child_span(tracer, "cache.store"):
-            return await self.up.cache.store(
-                key, value, pipeline=self.spec.name, model_name=self.spec.model.name, model_version=version,
-                ttl_s=policy.ttl_s, stale_ttl_s=policy.stale_s, metadata=hop_headers(headers),
-            )  # fmt: skip
+            return await self.cache.store(
+                key,
+                value,
+                pipeline=self.spec.name,
+                model_name=self.spec.model.name,
+                model_version=version,
+                ttl_s=policy.ttl_s,
+                stale_ttl_s=policy.stale_s,
+                metadata=hop_headers(headers),
+            )
 
     def _finish(self, answer: Answer, stages: dict[str, float], t0: float) -> Answer:
         answer.stages_ms = stages

@@ -1,51 +1,93 @@
-"""The gateway's v2 GRPCInferenceService: reads the call's deadline and headers, then one Gateway call."""
+"""The gateway's v2 GRPCInferenceService: protobuf in, the call's deadline and headers read, one handler (or,
+for a model that is not a pipeline, forwarder) call, protobuf out."""
 
 from __future__ import annotations
 
 import grpc
 
-from services.gateway.handler import SERVER_NAME, SERVER_VERSION, Gateway
+from services.gateway import converters
+from services.gateway.handler import GatewayHandler
 from services.gateway.upstream import outgoing_headers
 from services.protos import inference_pb2 as pb
 from services.protos import inference_pb2_grpc as pb_grpc
 
-EXTENSIONS = ["model_repository", "statistics", "pipelines"]
+SERVICE_NAME = "inference.GRPCInferenceService"
 
 
 class GatewayServicer(pb_grpc.GRPCInferenceServiceServicer):
-    def __init__(self, gateway: Gateway) -> None:
-        self.gw = gateway
+    """Every RPC of the Open Inference Protocol v2; errors map to status in the shared interceptor."""
 
-    async def ServerLive(self, request: pb.ServerLiveRequest, context: grpc.aio.ServicerContext):
-        return pb.ServerLiveResponse(live=self.gw.live())
+    def __init__(self, handler: GatewayHandler) -> None:
+        self.handler = handler
+        self.forwarder = handler.forwarder
 
-    async def ServerReady(self, request: pb.ServerReadyRequest, context: grpc.aio.ServicerContext):
-        return pb.ServerReadyResponse(ready=self.gw.ready())
+    async def ServerLive(
+        self, request: pb.ServerLiveRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ServerLiveResponse:
+        return pb.ServerLiveResponse(live=self.handler.live())
 
-    async def ServerMetadata(self, request: pb.ServerMetadataRequest, context: grpc.aio.ServicerContext):
-        return pb.ServerMetadataResponse(name=SERVER_NAME, version=SERVER_VERSION, extensions=EXTENSIONS)
+    async def ServerReady(
+        self, request: pb.ServerReadyRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ServerReadyResponse:
+        return pb.ServerReadyResponse(ready=self.handler.ready())
 
-    async def ModelReady(self, request: pb.ModelReadyRequest, context: grpc.aio.ServicerContext):
-        return pb.ModelReadyResponse(ready=await self.gw.model_ready(request, context.time_remaining()))
+    async def ServerMetadata(
+        self, request: pb.ServerMetadataRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ServerMetadataResponse:
+        return converters.server_metadata_to_pb()
 
-    async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: grpc.aio.ServicerContext):
-        return await self.gw.metadata(request, context.time_remaining())
+    async def ModelReady(
+        self, request: pb.ModelReadyRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ModelReadyResponse:
+        if self.handler.has_pipeline(request.name):
+            ready = self.handler.pipeline_ready(request.name, request.version)
+        else:
+            ready = await self.forwarder.model_ready(request, context.time_remaining())
+        return pb.ModelReadyResponse(ready=ready)
 
-    async def ModelConfig(self, request: pb.ModelConfigRequest, context: grpc.aio.ServicerContext):
-        return await self.gw.config(request, context.time_remaining())
+    async def ModelMetadata(
+        self, request: pb.ModelMetadataRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ModelMetadataResponse:
+        if not self.handler.has_pipeline(request.name):
+            return await self.forwarder.model_metadata(request, context.time_remaining())
+        return converters.metadata_to_pb(*await self.handler.describe(request.name))
 
-    async def ModelStatistics(self, request: pb.ModelStatisticsRequest, context: grpc.aio.ServicerContext):
-        return await self.gw.statistics(request, context.time_remaining())
+    async def ModelConfig(
+        self, request: pb.ModelConfigRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ModelConfigResponse:
+        if not self.handler.has_pipeline(request.name):
+            return await self.forwarder.model_config(request, context.time_remaining())
+        return converters.config_to_pb(*await self.handler.describe(request.name))
 
-    async def ModelInfer(self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext):
+    async def ModelStatistics(
+        self, request: pb.ModelStatisticsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ModelStatisticsResponse:
+        if request.name and not self.handler.has_pipeline(request.name):
+            return await self.forwarder.model_statistics(request, context.time_remaining())
+        return converters.statistics_to_pb(self.handler.statistics(request.name))
+
+    async def ModelInfer(
+        self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ModelInferResponse:
+        remaining = context.time_remaining()
         headers = outgoing_headers(context.invocation_metadata())
-        return await self.gw.infer(request, context.time_remaining(), headers)
+        priority = converters.priority_of(request)
+        if not self.handler.has_pipeline(request.model_name):
+            return await self.forwarder.model_infer(request, priority, remaining, headers)
+        response = await self.handler.infer(converters.infer_request_from_pb(request, priority), remaining, headers)
+        return converters.infer_response_to_pb(response)
 
-    async def RepositoryIndex(self, request: pb.RepositoryIndexRequest, context: grpc.aio.ServicerContext):
-        return await self.gw.repository_index(request, context.time_remaining())
+    async def RepositoryIndex(
+        self, request: pb.RepositoryIndexRequest, context: grpc.aio.ServicerContext
+    ) -> pb.RepositoryIndexResponse:
+        return await self.forwarder.repository_index(request, context.time_remaining())
 
-    async def RepositoryModelLoad(self, request: pb.RepositoryModelLoadRequest, context: grpc.aio.ServicerContext):
-        return await self.gw.forward_repository("RepositoryModelLoad", request, context.time_remaining())
+    async def RepositoryModelLoad(
+        self, request: pb.RepositoryModelLoadRequest, context: grpc.aio.ServicerContext
+    ) -> pb.RepositoryModelLoadResponse:
+        return await self.forwarder.repository_model_load(request, context.time_remaining())
 
-    async def RepositoryModelUnload(self, request: pb.RepositoryModelUnloadRequest, context: grpc.aio.ServicerContext):
-        return await self.gw.forward_repository("RepositoryModelUnload", request, context.time_remaining())
+    async def RepositoryModelUnload(
+        self, request: pb.RepositoryModelUnloadRequest, context: grpc.aio.ServicerContext
+    ) -> pb.RepositoryModelUnloadResponse:
+        return await self.forwarder.repository_model_unload(request, context.time_remaining())

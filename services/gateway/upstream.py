@@ -1,22 +1,110 @@
-"""The gateway's long-lived channels to the model, feature and cache services, deadlines and headers per hop."""
+"""The gateway's upstreams: what it needs from the cache, feature and model services, the long-lived channels
+to them, and what each hop is handed (the rest of the deadline, the passed-on headers)."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import secrets
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncGenerator, Awaitable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
 
 import grpc
 from opentelemetry import propagate
 
-from services.cache.client import CacheClient
-from services.common.errors import DeadlineExceeded, MeshserveError, error_with_code
+from services.cache.api import CacheClient, CachedValue, Invalidation
+from services.common.errors import DeadlineExceeded
 from services.common.server import transport_options
+from services.feature.api import FeatureClient, FeatureMatrix, FieldValue
 from services.gateway.settings import GatewaySettings
-from services.protos import feature_pb2_grpc, inference_pb2_grpc
+from services.model.api import InferResult, ModelClient, ModelInfo, RawTensor
+
+log = logging.getLogger(__name__)
+Headers = Sequence[tuple[str, str]]
 
 # Incoming headers passed on to every hop: canary routing, W3C trace context, request ids. (A call for an
 # explicit model version also carries `x-model-version`, so the mesh can route it to the subset serving it.)
 PASSED_HEADERS = ("x-canary", "traceparent", "tracestate", "baggage", "x-request-id")
+# Housekeeping calls (version refresh, warm-up, the near cache's watch) carry an unsampled W3C context: the
+# mesh must not trace them.
+UNTRACED = (("traceparent", f"00-{secrets.token_hex(16)}-{secrets.token_hex(8)}-00"),)
+WARM_UP_TIMEOUT_S = 2.0
+
+
+class CacheUpstream(Protocol):
+    """The cache calls of a pipeline request (CacheClient: lookups fail open, so they never raise but for
+    InvalidArgument)."""
+
+    async def lookup(
+        self,
+        keys: Sequence[bytes],
+        pipeline: str = "",
+        allow_stale: bool = False,
+        budget_ms: float = 0.0,
+        timeout_s: float | None = None,
+        metadata: Headers = (),
+    ) -> list[CachedValue | None]: ...
+
+    async def store(
+        self,
+        key: bytes,
+        value: bytes,
+        *,
+        pipeline: str,
+        model_name: str,
+        model_version: str,
+        ttl_s: float,
+        stale_ttl_s: float = 0.0,
+        timeout_s: float | None = None,
+        metadata: Headers = (),
+    ) -> bool: ...
+
+
+class WatchUpstream(Protocol):
+    """The cache's invalidation stream (CacheClient.watch): ends, or raises MeshserveError, when lost (also when
+    silent for heartbeat_timeout_s)."""
+
+    def watch(
+        self, metadata: Headers = (), *, heartbeat_timeout_s: float | None = None
+    ) -> AsyncGenerator[Invalidation, None]: ...
+
+
+class FeatureUpstream(Protocol):
+    """The feature call of a pipeline request (FeatureClient): raises MeshserveError with the service's code."""
+
+    async def compute(
+        self,
+        feature_set: str,
+        rows: Sequence[Mapping[str, FieldValue]],
+        budget_ms: float = 0.0,
+        *,
+        timeout_s: float | None = None,
+        metadata: Headers = (),
+    ) -> FeatureMatrix: ...
+
+
+class ModelUpstream(Protocol):
+    """The model call of a pipeline request (ModelClient): raises MeshserveError with the service's code."""
+
+    async def infer(
+        self,
+        model: str,
+        version: str,
+        inputs: Sequence[RawTensor],
+        *,
+        timeout_s: float | None = None,
+        metadata: Headers = (),
+    ) -> InferResult: ...
+
+
+class DescribeUpstream(Protocol):
+    """ModelMetadata in plain types (ModelClient.describe), for the version refresher."""
+
+    async def describe(
+        self, model: str, version: str = "", *, timeout_s: float | None = None, metadata: Headers = ()
+    ) -> ModelInfo: ...
 
 
 def channel_options(settings: GatewaySettings) -> list[tuple[str, int]]:
@@ -31,20 +119,40 @@ def channel_options(settings: GatewaySettings) -> list[tuple[str, int]]:
     ]
 
 
+@dataclass
 class Upstreams:
-    """One channel per service, opened at start and kept (HTTP/2 multiplexes every request over it)."""
+    """One client per service, each over a channel opened at start and kept (HTTP/2 multiplexes every request)."""
 
-    def __init__(self, settings: GatewaySettings) -> None:
+    cache: CacheClient
+    feature: FeatureClient
+    model: ModelClient
+    channels: Sequence[grpc.aio.Channel] = field(default_factory=tuple)
+
+    @classmethod
+    def connect(cls, settings: GatewaySettings) -> Upstreams:
         options = channel_options(settings)
-        self.model_channel = grpc.aio.insecure_channel(settings.model_address, options=options)
-        self.feature_channel = grpc.aio.insecure_channel(settings.feature_address, options=options)
-        self.cache_channel = grpc.aio.insecure_channel(settings.cache_address, options=options)
-        self.model = inference_pb2_grpc.GRPCInferenceServiceStub(self.model_channel)
-        self.feature = feature_pb2_grpc.FeatureServiceStub(self.feature_channel)
-        self.cache = CacheClient(settings.cache_address, channel=self.cache_channel)
+        model = grpc.aio.insecure_channel(settings.model_address, options=options)
+        feature = grpc.aio.insecure_channel(settings.feature_address, options=options)
+        cache = grpc.aio.insecure_channel(settings.cache_address, options=options)
+        return cls(
+            cache=CacheClient(settings.cache_address, channel=cache),
+            feature=FeatureClient(feature),
+            model=ModelClient(model),
+            channels=(model, feature, cache),
+        )
+
+    async def warm_up(self, feature_sets: Iterable[str]) -> None:
+        """One cheap call per upstream, through the mesh when there is one (it connects both hops), so the first
+        requests do not pay for connection set-up inside their tight stage budgets. Best effort."""
+        calls: list[Awaitable[object]] = [self.cache.stats(timeout_s=WARM_UP_TIMEOUT_S, metadata=UNTRACED)]
+        for feature_set in feature_sets:
+            calls.append(self.feature.get_feature_set(feature_set, timeout_s=WARM_UP_TIMEOUT_S, metadata=UNTRACED))
+        for result in await asyncio.gather(*calls, return_exceptions=True):
+            if isinstance(result, BaseException):
+                log.info("upstream not reachable yet (requests will retry the connection): %s", result)
 
     async def close(self) -> None:
-        for channel in (self.model_channel, self.feature_channel, self.cache_channel):
+        for channel in self.channels:
             await channel.close()
 
 
@@ -55,7 +163,7 @@ def outgoing_headers(incoming: Sequence[tuple[str, str | bytes]] | None) -> tupl
     return tuple(carrier.items())
 
 
-def hop_headers(headers: Sequence[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
+def hop_headers(headers: Headers) -> tuple[tuple[str, str], ...]:
     """`headers` with the trace context of the current span (the hop's own span), so the callee is its child."""
     carrier = dict(headers)
     propagate.inject(carrier)
@@ -78,8 +186,3 @@ class Deadline:
         if left <= 0:
             raise DeadlineExceeded(f"deadline passed before {what}")
         return min(stage_ms / 1000.0, left)
-
-
-def upstream_error(service: str, exc: grpc.aio.AioRpcError) -> MeshserveError:
-    """An upstream failure passed on with its status code (the mesh's retry/ejection semantics hold)."""
-    return error_with_code(exc.code(), f"{service}: {exc.details() or exc.code().name}")

@@ -81,9 +81,16 @@ def test_an_app_limited_pool_does_not_grow() -> None:
 
 @pytest.mark.parametrize(
     ("value", "expected"),
-    [(None, Priority.NORMAL), (0, Priority.NORMAL), (1, Priority.HIGH), (2, Priority.NORMAL), (7, Priority.LOW),
-     ("high", Priority.HIGH), ("LOW", Priority.LOW)],
-)  # fmt: skip
+    [
+        (None, Priority.NORMAL),
+        (0, Priority.NORMAL),
+        (1, Priority.HIGH),
+        (2, Priority.NORMAL),
+        (7, Priority.LOW),
+        ("high", Priority.HIGH),
+        ("LOW", Priority.LOW),
+    ],
+)
 def test_priority_parameter(value: str | int | None, expected: Priority) -> None:
     assert parse_priority(value) == expected
 

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from services.common.errors import DeadlineExceeded, InvalidArgument
+from services.feature.api import to_row
 from services.gateway.inputs import check_inputs, feature_rows
 from services.gateway.pipeline import load_pipelines
 from services.gateway.upstream import Deadline, outgoing_headers
@@ -23,21 +24,33 @@ def transaction(rows: int = 2) -> dict[str, np.ndarray]:
         return np.array([v.encode()] * rows, dtype=object)
 
     return {
-        "event_time": np.full(rows, 1_760_000_000, np.int64), "user_id": text("u"), "merchant_id": text("m"),
-        "device_id": text("d"), "amount": np.full(rows, 12.5, np.float32), "country": text("US"),
-        "channel": text("web"), "mcc": text("5411"), "card_present": np.ones(rows, bool),
+        "event_time": np.full(rows, 1_760_000_000, np.int64),
+        "user_id": text("u"),
+        "merchant_id": text("m"),
+        "device_id": text("d"),
+        "amount": np.full(rows, 12.5, np.float32),
+        "country": text("US"),
+        "channel": text("web"),
+        "mcc": text("5411"),
+        "card_present": np.ones(rows, bool),
         "account_age_days": np.full(rows, 30.0, np.float32),
-    }  # fmt: skip
+    }
 
 
 def test_rows_of_shape_n_or_n_by_1_are_accepted_and_become_feature_rows() -> None:
     rows, inputs = check_inputs(FRAUD, transaction(3))
     assert rows == 3 and inputs["amount"].shape == (3, 1)
     out = feature_rows(FRAUD, inputs, rows)
-    assert out[2].fields["user_id"].string_value == "u"
-    assert out[0].fields["amount"].double_value == 12.5
-    assert out[1].fields["card_present"].bool_value is True
-    assert out[0].fields["event_time"].int64_value == 1_760_000_000
+    assert out[2]["user_id"] == "u"
+    assert out[0]["amount"] == 12.5 and type(out[0]["amount"]) is float
+    assert out[1]["card_present"] is True
+    assert out[0]["event_time"] == 1_760_000_000 and type(out[0]["event_time"]) is int
+    # ... and the feature client sends each as the protobuf field of its type
+    row = to_row(out[0])
+    assert row.fields["user_id"].string_value == "u"
+    assert row.fields["amount"].double_value == 12.5
+    assert to_row(out[1]).fields["card_present"].bool_value is True
+    assert row.fields["event_time"].int64_value == 1_760_000_000
 
 
 @pytest.mark.parametrize(
@@ -79,8 +92,12 @@ def test_each_hop_gets_the_smaller_of_its_limit_and_what_is_left() -> None:
 
 
 def test_only_canary_trace_and_request_headers_are_passed_on() -> None:
-    incoming = [("x-canary", "true"), ("traceparent", "00-" + "a" * 32 + "-" + "b" * 16 + "-01"),
-                ("authorization", "secret"), ("user-agent", "x")]  # fmt: skip
+    incoming = [
+        ("x-canary", "true"),
+        ("traceparent", "00-" + "a" * 32 + "-" + "b" * 16 + "-01"),
+        ("authorization", "secret"),
+        ("user-agent", "x"),
+    ]
     assert dict(outgoing_headers(incoming)) == {"x-canary": "true", "traceparent": incoming[1][1]}
 
 

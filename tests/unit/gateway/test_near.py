@@ -8,10 +8,8 @@ from pathlib import Path
 
 import grpc
 
-from services.cache.entry import Entry
-from services.cache.fanout import Invalidation
+from services.cache.api import CacheClient, Entry, Invalidation, L1Cache
 from services.cache.handler import CacheHandler
-from services.cache.l1 import L1Cache
 from services.cache.servicer import SERVICE_NAME, CacheServicer
 from services.cache.settings import CacheSettings
 from services.gateway.near import NearCacheWatch
@@ -44,15 +42,20 @@ async def test_near_cache_follows_invalidations_and_falls_back_when_the_stream_e
     async with serving_in_process("cache", settings, SERVICE_NAME, register, handler) as service:
         service.drain_hooks.append(handler.fanout.close)
         async with grpc.aio.insecure_channel(f"127.0.0.1:{service.port}") as channel:
-            watch = NearCacheWatch(near, pb_grpc.CacheServiceStub(channel), 60.0, 2.0, heartbeat_timeout_s=1.0)
+            watch = NearCacheWatch(near, CacheClient("", channel=channel), 60.0, 2.0, heartbeat_timeout_s=1.0)
             assert (watch.live, near.max_ttl_s) == (False, 2.0)
             task = asyncio.ensure_future(watch.run())
             try:
                 await wait_for(lambda: watch.live, "the watch never went live")
                 assert near.max_ttl_s == 60.0  # fresh hits may now stay near for a minute
                 now = time.time()
-                for key, (p, m, v) in {b"a": ("fraud", "mlp", "1"), b"b": ("fraud", "mlp", "2"),
-                                       b"c": ("digits", "cnn", "1"), b"d": ("other", "mlp", "2")}.items():  # fmt: skip
+                entries = {
+                    b"a": ("fraud", "mlp", "1"),
+                    b"b": ("fraud", "mlp", "2"),
+                    b"c": ("digits", "cnn", "1"),
+                    b"d": ("other", "mlp", "2"),
+                }
+                for key, (p, m, v) in entries.items():
                     assert near.put(key, entry(p, m, v), now)
                 await handler.invalidate(model_name="mlp", model_version="2")
                 await wait_for(lambda: len(near) == 2, "a model version's invalidation did not arrive")
@@ -75,7 +78,7 @@ def test_an_answer_older_than_an_invalidation_is_not_kept_near() -> None:
     invalidation dropped: the runner keeps it near only if no invalidation came in between."""
     spec = load_pipelines(ROOT / "pipelines")["fraud"]
     near = L1Cache(1 << 20, 60.0)
-    runner = PipelineRunner(spec, None, ServingVersions(3.0), near)  # type: ignore[arg-type]  # no upstream call
+    runner = PipelineRunner(spec, None, None, None, ServingVersions(3.0), near)  # type: ignore[arg-type]  # no call
     began = near.generation
     near.remove_where(Invalidation(pipeline="fraud").matches)  # the watch applies an invalidation meanwhile
     runner._keep_near(b"k", b"old answer", "1", time.time(), began)

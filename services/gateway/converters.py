@@ -1,0 +1,145 @@
+"""Protobuf <-> the gateway's domain types: v2 requests and responses, pipeline metadata, config, statistics and
+repository index, and the cached form of an answer (pure functions, no logic beyond the mapping)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from services.cache.api import CachedValue
+from services.common.tensor_codec import decode_request_inputs
+from services.common.triton_config import MODEL_CONFIG_DATA_TYPES
+from services.gateway.admission import Priority, parse_priority
+from services.gateway.domain import Answer, OutputSpec, PipelineRequest, PipelineResponse
+from services.gateway.pipeline import PipelineSpec
+from services.gateway.statistics import PipelineStats
+from services.model.api import RawTensor
+from services.protos import inference_pb2 as pb
+from services.protos import model_config_pb2 as mc
+
+SERVER_NAME = "meshserve-gateway"
+SERVER_VERSION = "0.1.0"
+EXTENSIONS = ["model_repository", "statistics", "pipelines"]
+PLATFORM = "meshserve_pipeline"
+PIPELINE_VERSION = "1"  # a pipeline has one version; its model's versions live behind it
+
+
+def _param(value: pb.InferParameter) -> str | int | bool | float | None:
+    kind = value.WhichOneof("parameter_choice")
+    return None if kind is None else getattr(value, kind)
+
+
+def priority_of(request: pb.ModelInferRequest) -> Priority:
+    """The `priority` request parameter (also for forwarded models: admission applies to them too)."""
+    return parse_priority(_param(request.parameters["priority"]) if "priority" in request.parameters else None)
+
+
+def infer_request_from_pb(request: pb.ModelInferRequest, priority: Priority) -> PipelineRequest:
+    return PipelineRequest(
+        pipeline=request.model_name,
+        inputs=decode_request_inputs(request.inputs, request.raw_input_contents),
+        version=request.model_version,
+        id=request.id,
+        requested_outputs=[o.name for o in request.outputs],
+        debug="debug" in request.parameters and bool(_param(request.parameters["debug"])),
+        priority=priority,
+    )
+
+
+def infer_response_to_pb(response: PipelineResponse) -> pb.ModelInferResponse:
+    """Outputs as raw_output_contents; `model_version`, `cache`, `degraded` and stage times as parameters."""
+    message = pb.ModelInferResponse(model_name=response.pipeline, model_version=PIPELINE_VERSION, id=response.id)
+    for tensor in response.outputs:
+        message.outputs.add(name=tensor.name, datatype=tensor.datatype, shape=tensor.shape)
+        message.raw_output_contents.append(tensor.raw)
+    params = message.parameters
+    params["model_version"].string_param = response.model_version
+    params["cache"].string_param = response.cache
+    if response.degraded:
+        params["degraded"].string_param = response.degraded
+        params["degraded_detail"].string_param = response.degraded_detail or ""
+    for stage, ms in response.stages_ms.items():
+        params[f"stage_{stage}_ms"].double_param = round(ms, 4)
+    return message
+
+
+def answer_to_cache_value(answer: Answer, model_name: str) -> bytes:
+    """An answer as the cache stores it: a serialized ModelInferResponse of the model's outputs."""
+    message = pb.ModelInferResponse(model_name=model_name, model_version=answer.model_version)
+    for tensor in answer.outputs:
+        message.outputs.add(name=tensor.name, datatype=tensor.datatype, shape=tensor.shape)
+        message.raw_output_contents.append(tensor.raw)
+    return message.SerializeToString()
+
+
+def answer_from_cache(hit: CachedValue, cache: str) -> Answer:
+    """A cached answer (`cache`: hit or stale), its version from the value or else from the entry."""
+    message = pb.ModelInferResponse.FromString(hit.value)
+    outputs = [
+        RawTensor(o.name, o.datatype, list(o.shape), raw)
+        for o, raw in zip(message.outputs, message.raw_output_contents, strict=True)
+    ]
+    return Answer(outputs, message.model_version or hit.model_version, cache)
+
+
+def server_metadata_to_pb() -> pb.ServerMetadataResponse:
+    return pb.ServerMetadataResponse(name=SERVER_NAME, version=SERVER_VERSION, extensions=EXTENSIONS)
+
+
+def metadata_to_pb(spec: PipelineSpec, outputs: Mapping[str, OutputSpec]) -> pb.ModelMetadataResponse:
+    """A pipeline as a v2 model: its raw inputs, and its model's outputs it returns (batch dimension -1)."""
+    tensor = pb.ModelMetadataResponse.TensorMetadata
+    return pb.ModelMetadataResponse(
+        name=spec.name,
+        versions=[PIPELINE_VERSION],
+        platform=PLATFORM,
+        inputs=[tensor(name=i.name, datatype=i.datatype, shape=[-1, *i.dims]) for i in spec.inputs],
+        outputs=[tensor(name=n, datatype=outputs[n].datatype, shape=[-1, *outputs[n].dims]) for n in spec.outputs],
+    )
+
+
+def config_to_pb(spec: PipelineSpec, outputs: Mapping[str, OutputSpec]) -> pb.ModelConfigResponse:
+    """A pipeline in Triton's model-config message (perf_analyzer needs it), naming its model and feature set."""
+    types = MODEL_CONFIG_DATA_TYPES
+    config = mc.ModelConfig(
+        name=spec.name,
+        platform=PLATFORM,
+        backend="meshserve",
+        max_batch_size=spec.max_batch_size,
+        input=[mc.ModelInput(name=i.name, data_type=types[i.datatype], dims=i.dims) for i in spec.inputs],
+        output=[
+            mc.ModelOutput(name=n, data_type=types[outputs[n].datatype], dims=outputs[n].dims) for n in spec.outputs
+        ],
+    )
+    config.parameters["model"].string_value = spec.model.name
+    if spec.features is not None:
+        config.parameters["feature_set"].string_value = spec.features.feature_set
+    return pb.ModelConfigResponse(config=config)
+
+
+def statistics_to_pb(stats: Mapping[str, PipelineStats]) -> pb.ModelStatisticsResponse:
+    """Triton's statistics: features count as compute_input, the model call as compute_infer."""
+    out = pb.ModelStatisticsResponse()
+    d = pb.StatisticDuration
+    for name, s in stats.items():
+        out.model_stats.add(
+            name=name,
+            version=PIPELINE_VERSION,
+            last_inference=s.last_ms,
+            inference_count=s.inferences,
+            execution_count=s.model_count,
+            inference_stats=pb.InferStatistics(
+                success=d(count=s.success_count, ns=s.success_ns),
+                fail=d(count=s.fail_count, ns=s.fail_ns),
+                queue=d(count=s.success_count, ns=0),
+                compute_input=d(count=s.model_count, ns=s.features_ns),
+                compute_infer=d(count=s.model_count, ns=s.model_ns),
+                compute_output=d(count=s.model_count, ns=0),
+            ),
+        )
+    return out
+
+
+def pipeline_index(names: Iterable[str]) -> list[pb.RepositoryIndexResponse.ModelIndex]:
+    """The pipelines as entries of the repository index (always READY: they are YAML, not loaded models)."""
+    index = pb.RepositoryIndexResponse.ModelIndex
+    return [index(name=n, version=PIPELINE_VERSION, state="READY", reason="pipeline") for n in sorted(names)]

@@ -1,0 +1,58 @@
+"""The gateway's domain types: a pipeline request as the handler takes it, the answers runner and handler give."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from services.gateway.admission import Priority
+from services.model.api import RawTensor
+
+
+@dataclass
+class PipelineRequest:
+    """One ModelInfer for a pipeline, decoded: inputs as numpy arrays (not yet checked against the pipeline)."""
+
+    pipeline: str
+    inputs: dict[str, np.ndarray]
+    version: str = ""
+    id: str = ""
+    requested_outputs: list[str] = field(default_factory=list)  # empty: every output of the pipeline
+    debug: bool = False  # answer with per-stage times
+    priority: Priority = Priority.NORMAL
+
+
+@dataclass
+class OutputSpec:
+    """One model output without its batch dimension (learnt from ModelMetadata)."""
+
+    datatype: str
+    dims: list[int]
+
+
+@dataclass
+class Answer:
+    """What a pipeline's runner answered: the output tensors and how the answer came about."""
+
+    outputs: list[RawTensor]
+    model_version: str
+    cache: str  # hit, miss or stale
+    degraded: str | None = None  # cause:remedy, e.g. model_unavailable:stale_cache
+    degraded_detail: str | None = None
+    stages_ms: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class PipelineResponse:
+    """The handler's answer to a PipelineRequest: the outputs asked for and what the response parameters say."""
+
+    pipeline: str
+    id: str
+    outputs: list[RawTensor]
+    model_version: str
+    cache: str
+    degraded: str | None = None
+    degraded_detail: str | None = None
+    # Only with debug: each stage's ms, plus `total` (inside the gateway) and `gateway` (its own time).
+    stages_ms: dict[str, float] = field(default_factory=dict)
