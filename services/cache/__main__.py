@@ -16,15 +16,22 @@ from services.protos import cache_pb2_grpc
 log = logging.getLogger("services.cache")
 
 
+def wire(settings: CacheSettings, redis_url: str | None) -> tuple[GrpcService, CacheHandler]:
+    """The server with the CacheServicer registered, and the handler behind it (its liveness and readiness are
+    the server's lifecycle; its Watch streams end as soon as draining starts, so watchers go elsewhere)."""
+    service = GrpcService("cache", settings, [SERVICE_NAME])
+    handler = CacheHandler(settings, redis_url, service.lifecycle)
+    cache_pb2_grpc.add_CacheServiceServicer_to_server(CacheServicer(handler), service.server)
+    service.drain_hooks.append(handler.drain)
+    return service, handler
+
+
 async def serve(settings: CacheSettings) -> None:
     async with redis_url_or_embedded(settings.redis_url) as url:
-        handler = CacheHandler(settings, url)
-        service = GrpcService("cache", settings, [SERVICE_NAME])
-        cache_pb2_grpc.add_CacheServiceServicer_to_server(CacheServicer(handler), service.server)
-        service.drain_hooks.append(handler.fanout.close)  # Watch streams end at once: watchers go elsewhere
+        service, handler = wire(settings, url)
 
         async def on_start() -> None:
-            if not await handler.redis.ping():
+            if not await handler.ping():
                 log.warning("redis at %s does not answer; serving from L1 only until it does", url)
 
         await service.run(on_start, handler.close)

@@ -1,73 +1,41 @@
-"""What the gateway uses: an async CacheService client that fails open, and single-flight coalescing."""
+"""The gateway's way into the cache service: a CacheService client in domain types that raises only the project's
+errors (lookups and stores fail open; bad input, invalidate, stats and a failed Watch raise MeshserveError)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Sequence
-from dataclasses import dataclass
-from typing import Generic, TypeVar
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 
 import grpc
 
-from services.cache.fanout import Invalidation
-from services.common.errors import from_rpc_error
+from services.cache import converters
+from services.cache.domain import CachedValue, CacheStats, Invalidation, Lookup, Removed, StoreItem
+from services.cache.singleflight import SingleFlight
+from services.common.errors import Unavailable, from_rpc_error
 from services.protos import cache_pb2 as pb
 from services.protos import cache_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
-
-@dataclass(slots=True, frozen=True)
-class CachedValue:
-    """A hit as the client sees it."""
-
-    value: bytes
-    model_version: str
-    age_s: float
-    stale: bool
-
-
-class SingleFlight(Generic[T]):
-    """N concurrent calls with the same key run `compute` once; every caller gets its result (or its error).
-
-    The computation runs in its own task, so a caller that is cancelled does not cancel it for the others.
-    """
-
-    def __init__(self) -> None:
-        self._inflight: dict[Hashable, asyncio.Task[T]] = {}
-
-    def __len__(self) -> int:
-        return len(self._inflight)
-
-    def __contains__(self, key: Hashable) -> bool:
-        """A computation for `key` is in flight (a `do` now joins it)."""
-        return key in self._inflight
-
-    async def do(self, key: Hashable, compute: Callable[[], Awaitable[T]]) -> T:
-        task = self._inflight.get(key)
-        if task is None:
-            task = asyncio.ensure_future(compute())
-            self._inflight[key] = task
-            task.add_done_callback(lambda t: self._forget(key, t))
-        return await asyncio.shield(task)
-
-    def _forget(self, key: Hashable, task: asyncio.Task[T]) -> None:
-        if self._inflight.get(key) is task:
-            del self._inflight[key]
-        if not task.cancelled():
-            task.exception()  # retrieved here so that an error every caller saw is not logged as unhandled
+SERVICE = "cache service"  # how the errors this client raises name the service
+ADMIN_TIMEOUT_S = 1.0  # least time allowed to invalidate and stats (not on a request's critical path)
 
 
 class CacheClient:
-    """CacheService over one grpc.aio channel. Lookups never raise: an unreachable cache is all misses."""
+    """CacheService over one grpc.aio channel.
+
+    `lookup` and `store` fail open: an unreachable, slow or failing cache is all misses and nothing stored,
+    never an error, except bad input (INVALID_ARGUMENT), which raises InvalidArgument since retrying or
+    ignoring it cannot help. `invalidate`, `stats` and `watch` raise the MeshserveError of the status they got.
+    """
 
     def __init__(self, target: str, timeout_s: float = 0.05, channel: grpc.aio.Channel | None = None) -> None:
         self.channel = channel or grpc.aio.insecure_channel(target)
+        # The raw stub, for callers not yet on the methods below (which speak domain types and raise our errors).
         self.stub = pb_grpc.CacheServiceStub(self.channel)
         self.timeout_s = timeout_s
-        self.flights: SingleFlight[bytes] = SingleFlight()
+        self.flights: SingleFlight[tuple[bytes, bool]] = SingleFlight()
 
     async def lookup(
         self,
@@ -78,15 +46,16 @@ class CacheClient:
         timeout_s: float | None = None,
         metadata: Sequence[tuple[str, str]] = (),
     ) -> list[CachedValue | None]:
-        request = pb.LookupRequest(keys=keys, pipeline=pipeline, allow_stale=allow_stale, budget_ms=budget_ms)
+        """One result per key, in order (None: a miss, or the cache could not answer in time)."""
+        request = converters.lookup_to_pb(Lookup(list(keys), pipeline, allow_stale, budget_ms))
         try:
             response = await self.stub.Lookup(request, timeout=timeout_s or self.timeout_s, metadata=tuple(metadata))
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
-                raise from_rpc_error("cache service", exc) from exc
+                raise from_rpc_error(SERVICE, exc) from exc
             log.debug("cache lookup failed open: %s", exc.code().name)
             return [None] * len(keys)
-        return [CachedValue(r.value, r.model_version, r.age_s, r.stale) if r.hit else None for r in response.results]
+        return converters.cached_values_from_pb(response)
 
     async def store(
         self,
@@ -102,17 +71,16 @@ class CacheClient:
         metadata: Sequence[tuple[str, str]] = (),
     ) -> bool:
         """Store one entry; False when it was not written to Redis (or the cache did not answer)."""
-        entry = pb.StoreEntry(key=key, value=value, pipeline=pipeline, model_name=model_name,
-                              model_version=model_version, ttl_s=ttl_s, stale_ttl_s=stale_ttl_s)  # fmt: skip
+        item = StoreItem(key, value, pipeline, model_name, model_version, ttl_s, stale_ttl_s)
+        timeout = timeout_s or self.timeout_s * 4
         try:
-            response = await self.stub.Store(
-                pb.StoreRequest(entries=[entry]), timeout=timeout_s or self.timeout_s * 4, metadata=tuple(metadata)
-            )
+            response = await self.stub.Store(converters.store_to_pb([item]), timeout=timeout, metadata=tuple(metadata))
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
-                raise from_rpc_error("cache service", exc) from exc
+                raise from_rpc_error(SERVICE, exc) from exc
+            log.debug("cache store failed open: %s", exc.code().name)
             return False
-        return response.stored == 1
+        return converters.stored_from_pb(response).stored == 1
 
     async def get_or_compute(
         self,
@@ -132,37 +100,79 @@ class CacheClient:
             if hit is not None:
                 return hit.value, True
             value = await compute()
-            await self.store(key, value, pipeline=pipeline, model_name=model_name, model_version=model_version,
-                             ttl_s=ttl_s, stale_ttl_s=stale_ttl_s)  # fmt: skip
+            await self.store(
+                key,
+                value,
+                pipeline=pipeline,
+                model_name=model_name,
+                model_version=model_version,
+                ttl_s=ttl_s,
+                stale_ttl_s=stale_ttl_s,
+            )
             return value, False
 
         return await self.flights.do(key, once)
 
-    async def invalidate(self, pipeline: str = "", model_name: str = "", model_version: str = "") -> tuple[int, int]:
-        request = pb.InvalidateRequest(pipeline=pipeline, model_name=model_name, model_version=model_version)
-        response = await self.stub.Invalidate(request, timeout=max(1.0, self.timeout_s))
-        return response.l1_removed, response.redis_removed
+    async def invalidate(
+        self,
+        pipeline: str = "",
+        model_name: str = "",
+        model_version: str = "",
+        *,
+        timeout_s: float | None = None,
+        metadata: Sequence[tuple[str, str]] = (),
+    ) -> Removed:
+        """Drop a pipeline's entries, or a model version's (every version when model_version is empty), on every
+        replica; returns what the answering replica removed (from its L1, from Redis)."""
+        request = converters.invalidate_to_pb(Invalidation(False, pipeline, model_name, model_version))
+        try:
+            response = await self.stub.Invalidate(
+                request, timeout=self._admin_timeout(timeout_s), metadata=tuple(metadata)
+            )
+        except grpc.aio.AioRpcError as exc:
+            raise from_rpc_error(SERVICE, exc) from exc
+        return converters.removed_from_pb(response)
 
-    async def watch(self, metadata: Sequence[tuple[str, str]] = ()) -> AsyncIterator[Invalidation]:
-        """Every invalidation a cache replica applies (a reset first, heartbeats while quiet) until the stream
-        ends; a failed stream raises MeshserveError."""
+    async def stats(self, timeout_s: float | None = None, metadata: Sequence[tuple[str, str]] = ()) -> CacheStats:
+        """The answering replica's counters."""
+        try:
+            response = await self.stub.Stats(
+                pb.StatsRequest(), timeout=self._admin_timeout(timeout_s), metadata=tuple(metadata)
+            )
+        except grpc.aio.AioRpcError as exc:
+            raise from_rpc_error(SERVICE, exc) from exc
+        return converters.stats_from_pb(response)
+
+    async def watch(
+        self, metadata: Sequence[tuple[str, str]] = (), *, heartbeat_timeout_s: float | None = None
+    ) -> AsyncGenerator[Invalidation, None]:
+        """Every invalidation one cache replica applies, as it applies them, for a near cache of the caller's own.
+
+        The first event is a reset (`event.reset`: the stream is live, start from empty); a later reset means
+        invalidations may have been missed (drop everything); an event with nothing set is a heartbeat
+        (`event.heartbeat`); any other is an invalidation to apply (`event.matches(entry)`). The iteration ends
+        when the replica drains (the stream completes OK), and raises MeshserveError when the stream fails, or
+        Unavailable when no event came for `heartbeat_timeout_s` (None: wait for ever). Either way, what comes
+        after is not followed: the caller reconnects. Leaving the iteration (or cancelling it) ends the stream.
+        """
         call = self.stub.Watch(pb.WatchRequest(), metadata=tuple(metadata))
         try:
-            async for event in call:
-                yield Invalidation(event.reset, event.pipeline, event.model_name, event.model_version)
-        except grpc.aio.AioRpcError as exc:
-            raise from_rpc_error("cache service", exc) from exc
+            while True:
+                try:
+                    async with asyncio.timeout(heartbeat_timeout_s):
+                        event = await call.read()
+                except TimeoutError:
+                    raise Unavailable(f"{SERVICE}: Watch stream silent for {heartbeat_timeout_s} s") from None
+                except grpc.aio.AioRpcError as exc:
+                    raise from_rpc_error(SERVICE, exc) from exc
+                if event is grpc.aio.EOF:
+                    return
+                yield converters.event_from_pb(event)
         finally:
             call.cancel()
 
-    async def stats(self, timeout_s: float | None = None, metadata: Sequence[tuple[str, str]] = ()) -> pb.StatsResponse:
-        """The replica's counters; a failed call raises MeshserveError (the gateway's warm-up uses it as a ping)."""
-        try:
-            return await self.stub.Stats(
-                pb.StatsRequest(), timeout=timeout_s or max(1.0, self.timeout_s), metadata=tuple(metadata)
-            )
-        except grpc.aio.AioRpcError as exc:
-            raise from_rpc_error("cache service", exc) from exc
+    def _admin_timeout(self, timeout_s: float | None) -> float:
+        return timeout_s if timeout_s is not None else max(ADMIN_TIMEOUT_S, self.timeout_s)
 
     async def close(self) -> None:
         await self.channel.close()

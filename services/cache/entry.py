@@ -46,5 +46,5 @@ class Entry:
         j, k, v = i + lp, i + lp + lm, i + lp + lm + lv
         if fmt != _FORMAT or len(data) < v:
             return None
-        return cls(data[v:], data[i:j].decode(), data[j:k].decode(), data[k:v].decode(), stored_at, fresh_until,
-                   stale_until)  # fmt: skip
+        pipeline, model_name, model_version = data[i:j].decode(), data[j:k].decode(), data[k:v].decode()
+        return cls(data[v:], pipeline, model_name, model_version, stored_at, fresh_until, stale_until)

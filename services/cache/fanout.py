@@ -4,41 +4,10 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 
-from services.cache.entry import Entry
+from services.cache.domain import HEARTBEAT, RESET, Invalidation
 
 WATCH_QUEUE = 1024  # events a slow watcher may fall behind by before it gets a reset instead
-
-
-@dataclass(frozen=True, slots=True)
-class Invalidation:
-    """What a watcher must drop: everything (reset), a pipeline's entries, or a model version's ("": all)."""
-
-    reset: bool = False
-    pipeline: str = ""
-    model_name: str = ""
-    model_version: str = ""
-
-    @property
-    def heartbeat(self) -> bool:
-        return not (self.reset or self.pipeline or self.model_name)
-
-    def matches(self, entry: Entry) -> bool:
-        """Whether the entry is one this invalidation drops (the cache's L1 and the gateways' near caches alike)."""
-        if self.reset:
-            return True
-        if self.pipeline:
-            return entry.pipeline == self.pipeline
-        return (
-            bool(self.model_name)
-            and entry.model_name == self.model_name
-            and self.model_version in ("", entry.model_version)
-        )
-
-
-RESET = Invalidation(reset=True)
-HEARTBEAT = Invalidation()
 _END = object()
 
 

@@ -1,6 +1,7 @@
-"""The cache service's domain handler: validated, fail-open lookups over L1 then Redis; stores; invalidation.
+"""The cache service's domain handler: validated, fail-open lookups over L1 then Redis; stores; invalidation; watch.
 
-The servicer only converts protobuf to these calls and back; tests and the benchmark use this directly.
+The servicer only converts protobuf to these calls and back (services/cache/converters.py); tests and the
+benchmark use this directly.
 """
 
 from __future__ import annotations
@@ -8,50 +9,25 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
 from opentelemetry import trace
 from prometheus_client import Counter
 
 from services.cache import metrics
+from services.cache.domain import L1, REDIS, RESET, CacheStats, Hit, Invalidation, Removed, Stored, StoreItem
 from services.cache.entry import Entry
-from services.cache.fanout import RESET, Invalidation, InvalidationFanout
+from services.cache.fanout import InvalidationFanout
 from services.cache.l1 import L1Cache
 from services.cache.redis_tier import FAILURES, RedisTier
 from services.cache.settings import CacheSettings
 from services.common.errors import InvalidArgument
+from services.common.server import Lifecycle
 from services.common.tracing import child_span
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("meshserve.cache")
-
-L1 = "l1"
-REDIS = "redis"
-
-
-@dataclass(slots=True)
-class Hit:
-    """A cached answer as the caller sees it."""
-
-    value: bytes
-    model_version: str
-    age_s: float
-    stale: bool
-    tier: str
-
-
-@dataclass(slots=True, frozen=True)
-class StoreItem:
-    """One entry to store, as the caller gives it."""
-
-    key: bytes
-    value: bytes
-    pipeline: str
-    model_name: str
-    model_version: str
-    ttl_s: float
-    stale_ttl_s: float = 0.0
 
 
 @dataclass(slots=True)
@@ -69,10 +45,13 @@ class CacheHandler:
     """Everything the cache RPCs do, in domain types. A Redis failure is never an error: it is a miss.
 
     Build it inside the running event loop: it starts a task that applies other replicas' invalidations.
+    Liveness and readiness are the serving process's (`lifecycle`, from its GrpcService); a handler used on
+    its own (tests, the benchmark) has a lifecycle of its own.
     """
 
-    def __init__(self, settings: CacheSettings, redis_url: str | None) -> None:
+    def __init__(self, settings: CacheSettings, redis_url: str | None, lifecycle: Lifecycle | None = None) -> None:
         self.settings = settings
+        self.lifecycle = lifecycle or Lifecycle()
         self.l1 = L1Cache(settings.l1_max_bytes, settings.l1_max_ttl_s)
         self.redis: RedisTier | None = None
         if redis_url:
@@ -92,6 +71,18 @@ class CacheHandler:
             )
         self._seen: dict[str, list[int]] = {}  # pipeline -> [hits, keys], for the hit-ratio gauge
         self._evictions_reported = 0
+
+    # -- liveness and readiness -------------------------------------------------------------------
+
+    def live(self) -> bool:
+        return self.lifecycle.live
+
+    def ready(self) -> bool:
+        return self.lifecycle.ready
+
+    async def ping(self) -> bool:
+        """Whether Redis answers now (False when there is none: L1 only)."""
+        return self.redis is not None and await self.redis.ping()
 
     # -- validation -------------------------------------------------------------------------------
 
@@ -188,7 +179,7 @@ class CacheHandler:
 
     # -- store and invalidate ---------------------------------------------------------------------
 
-    async def store(self, items: Sequence[StoreItem]) -> tuple[int, int]:
+    async def store(self, items: Sequence[StoreItem]) -> Stored:
         """Write to L1 and (best effort, one round trip) to Redis; returns (stored in Redis, dropped)."""
         if not items:
             raise InvalidArgument("no entries given")
@@ -200,8 +191,10 @@ class CacheHandler:
             pairs = []
             for item in items:
                 fresh_until = now + item.ttl_s
-                entry = Entry(item.value, item.pipeline, item.model_name, item.model_version, now, fresh_until,
-                              fresh_until + item.stale_ttl_s)  # fmt: skip
+                stale_until = fresh_until + item.stale_ttl_s
+                entry = Entry(
+                    item.value, item.pipeline, item.model_name, item.model_version, now, fresh_until, stale_until
+                )
                 self.l1.put(item.key, entry, now)
                 pairs.append((item.key, entry))
             self._l1_gauges()
@@ -220,31 +213,25 @@ class CacheHandler:
         self.counts.stores_dropped += dropped
         metrics.STORES.labels("stored").inc(stored)
         metrics.STORES.labels("dropped").inc(dropped)
-        return stored, dropped
+        return Stored(stored, dropped)
 
-    async def invalidate(self, pipeline: str = "", model_name: str = "", model_version: str = "") -> tuple[int, int]:
+    async def invalidate(self, pipeline: str = "", model_name: str = "", model_version: str = "") -> Removed:
         """Drop a pipeline's entries, or a model version's (every version when model_version is empty)."""
         if bool(pipeline) == bool(model_name):
             raise InvalidArgument("give either pipeline or model_name (with an optional model_version)")
-        message = b"p\0" + pipeline.encode() if pipeline else b"m\0" + f"{model_name}\0{model_version}".encode()
-        l1_removed = self._apply_invalidation(message)
+        invalidation = Invalidation(pipeline=pipeline, model_name=model_name, model_version=model_version)
+        l1_removed = self._apply_invalidation(invalidation)
         redis_removed = 0
         if self.redis is not None and self.redis.available():
             try:
                 redis_removed = await self.redis.invalidate(pipeline, model_name, model_version)
-                await self.redis.publish_invalidation(message)
+                await self.redis.publish_invalidation(invalidation)
             except FAILURES as exc:
                 self.redis.failed("invalidate", exc)
-        return l1_removed, redis_removed
+        return Removed(l1_removed, redis_removed)
 
-    def _apply_invalidation(self, message: bytes) -> int:
-        """Drop the L1 entries an invalidation message names: `p\\0pipeline` or `m\\0model\\0version`."""
-        kind, _, rest = message.partition(b"\0")
-        if kind == b"p":
-            invalidation = Invalidation(pipeline=rest.decode())
-        else:
-            name, _, version = rest.decode().partition("\0")
-            invalidation = Invalidation(model_name=name, model_version=version)
+    def _apply_invalidation(self, invalidation: Invalidation) -> int:
+        """Drop the L1 entries an invalidation names (this replica's or another's) and tell the watchers."""
         removed = self.l1.remove_where(invalidation.matches)
         self.fanout.publish(invalidation)
         self._l1_gauges()
@@ -256,21 +243,37 @@ class CacheHandler:
         self.fanout.publish(RESET)
         self._l1_gauges()
 
-    def stats(self) -> dict[str, int | bool]:
+    # -- watch ------------------------------------------------------------------------------------
+
+    async def watch(self) -> AsyncIterator[Invalidation]:
+        """Every invalidation this replica applies from now on: a reset first, heartbeats while idle; it ends
+        when the replica drains (at once for a watcher that arrives after that: it should go elsewhere)."""
+        if not self.live():
+            return
+        async for event in self.fanout.subscribe(self.settings.watch_heartbeat_s):
+            yield event
+
+    def drain(self) -> None:
+        """End every Watch stream (a drain hook: the watchers reconnect to another replica)."""
+        self.fanout.close()
+
+    # -- stats -----------------------------------------------------------------------------------
+
+    def stats(self) -> CacheStats:
         c = self.counts
-        return {
-            "l1_entries": len(self.l1),
-            "l1_bytes": self.l1.bytes,
-            "l1_max_bytes": self.l1.max_bytes,
-            "l1_evictions": self.l1.evictions,
-            "l1_hits": c.l1_hits,
-            "redis_hits": c.redis_hits,
-            "misses": c.misses,
-            "redis_errors": 0 if self.redis is None else self.redis.errors,
-            "circuit_open": self.redis is not None and not self.redis.available(),
-            "stores": c.stores,
-            "stores_dropped": c.stores_dropped,
-        }
+        return CacheStats(
+            l1_entries=len(self.l1),
+            l1_bytes=self.l1.bytes,
+            l1_max_bytes=self.l1.max_bytes,
+            l1_evictions=self.l1.evictions,
+            l1_hits=c.l1_hits,
+            redis_hits=c.redis_hits,
+            misses=c.misses,
+            redis_errors=0 if self.redis is None else self.redis.errors,
+            circuit_open=self.redis is not None and not self.redis.available(),
+            stores=c.stores,
+            stores_dropped=c.stores_dropped,
+        )
 
     def _l1_gauges(self) -> None:
         metrics.L1_BYTES.set(self.l1.bytes)

@@ -1,4 +1,4 @@
-"""The Redis tier: batched MGET, pipelined SET with expiry, a circuit breaker that probes while open."""
+"""The Redis tier: batched MGET, pipelined SET with expiry, invalidation over pub/sub, a circuit that probes."""
 
 from __future__ import annotations
 
@@ -6,18 +6,21 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
+from typing import cast
 
-import redis.asyncio as aioredis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from services.cache import metrics
+from services.cache.domain import Invalidation
 from services.cache.entry import Entry
+from services.common.redis import connect
 
 log = logging.getLogger(__name__)
 
 FAILURES = (RedisError, OSError, TimeoutError)
+# Every command here is GET/SET-sized (an MGET of at most max_batch keys, one pipelined write, a PUBLISH), and
+# a cache must fail fast: a Redis that takes longer than this is treated as failed (the lookup misses).
+COMMAND_TIMEOUT_S = 1.0
 
 
 class Circuit:
@@ -56,15 +59,7 @@ class RedisTier:
         self.probe_interval_s = probe_interval_s
         self.circuit = Circuit(circuit_failures)
         metrics.CIRCUIT_OPEN.set(0)
-        pool = aioredis.BlockingConnectionPool.from_url(
-            url,
-            max_connections=max_connections,
-            timeout=1.0,
-            socket_connect_timeout=0.5,
-            socket_timeout=1.0,
-            retry=Retry(NoBackoff(), 0),
-        )
-        self.client = aioredis.Redis(connection_pool=pool)
+        self.client = connect(url, max_connections=max_connections, command_timeout_s=COMMAND_TIMEOUT_S)
         self.errors = 0
         self._probe: asyncio.Task[None] | None = None
         self.subscribed = asyncio.Event()
@@ -89,7 +84,8 @@ class RedisTier:
     async def mget(self, keys: Sequence[bytes], budget_s: float) -> list[Entry | None]:
         """Entries for keys (None where absent); raises on failure or past the budget (the caller fails open)."""
         async with asyncio.timeout(budget_s):
-            raw = await self.client.mget([self._key(k) for k in keys])
+            # Replies are bytes: the client does not decode responses.
+            raw = cast(list[bytes | None], await self.client.mget([self._key(k) for k in keys]))
         self.circuit.success()
         return [None if r is None else self._decode(k, r) for k, r in zip(keys, raw, strict=True)]
 
@@ -129,17 +125,18 @@ class RedisTier:
             indexes = [k async for k in self.client.scan_iter(match=pattern, count=1000)]
         removed = 0
         for index in indexes:
-            members = list(await self.client.smembers(index))
+            members = list(cast(set[bytes], await self.client.smembers(index)))
             for i in range(0, len(members), 1000):
                 removed += await self.client.delete(*[self._key(k) for k in members[i : i + 1000]])
             await self.client.delete(index)
         return removed
 
-    async def publish_invalidation(self, message: bytes) -> None:
-        async with asyncio.timeout(1.0):
-            await self.client.publish(self.prefix + b"invalidate", message)
+    async def publish_invalidation(self, invalidation: Invalidation) -> None:
+        """Tell every replica (watch_invalidations) to apply it to its own L1."""
+        async with asyncio.timeout(COMMAND_TIMEOUT_S):
+            await self.client.publish(self.prefix + b"invalidate", encode_invalidation(invalidation))
 
-    async def watch_invalidations(self, apply: Callable[[bytes], None], on_gap: Callable[[], None]) -> None:
+    async def watch_invalidations(self, apply: Callable[[Invalidation], object], on_gap: Callable[[], None]) -> None:
         """Apply every replica's invalidations to this one's L1; after losing the channel, call on_gap.
 
         Runs until cancelled. Messages published while this replica was disconnected are lost, so on
@@ -156,7 +153,7 @@ class RedisTier:
                 self.subscribed.set()
                 async for message in pubsub.listen():
                     if message.get("type") == "message":
-                        apply(message["data"])
+                        apply(decode_invalidation(message["data"]))
             except FAILURES as exc:
                 log.debug("invalidation channel lost: %r", exc)
                 lost = True
@@ -182,7 +179,7 @@ class RedisTier:
 
     async def ping(self) -> bool:
         try:
-            async with asyncio.timeout(1.0):
+            async with asyncio.timeout(COMMAND_TIMEOUT_S):
                 return bool(await self.client.ping())
         except FAILURES:
             return False
@@ -192,3 +189,18 @@ class RedisTier:
             self._probe.cancel()
             await asyncio.gather(self._probe, return_exceptions=True)
         await self.client.aclose()
+
+
+def encode_invalidation(invalidation: Invalidation) -> bytes:
+    """The pub/sub message between replicas: `p\\0pipeline` or `m\\0model\\0version` (every replica reads it)."""
+    if invalidation.pipeline:
+        return b"p\0" + invalidation.pipeline.encode()
+    return b"m\0" + f"{invalidation.model_name}\0{invalidation.model_version}".encode()
+
+
+def decode_invalidation(message: bytes) -> Invalidation:
+    kind, _, rest = message.partition(b"\0")
+    if kind == b"p":
+        return Invalidation(pipeline=rest.decode())
+    name, _, version = rest.decode().partition("\0")
+    return Invalidation(model_name=name, model_version=version)

