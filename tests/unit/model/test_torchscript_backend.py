@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from services.model.backends import get_backend
+from services.model.backends.torchscript import TorchScriptBackend, TorchScriptModel
 from services.model.config import ModelConfig
 
 
@@ -42,7 +43,11 @@ def save(tmp_path: Path) -> Path:
 
 
 def test_fp32_forward_equals_torch(tmp_path: Path) -> None:
-    model = get_backend("torchscript").load(save(tmp_path), config(), 1)
+    backend = get_backend("torchscript")
+    assert isinstance(backend, TorchScriptBackend)
+    model = backend.load(save(tmp_path), config(), 1)
+    assert isinstance(model, TorchScriptModel)
+    assert model.device == ("cuda" if torch.cuda.is_available() else "cpu")  # device: auto
     x = np.random.default_rng(0).standard_normal((5, 32)).astype(np.float32)
     out = model.forward({"x": x})
     with torch.inference_mode():
