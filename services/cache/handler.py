@@ -51,7 +51,7 @@ class CacheHandler:
 
     def __init__(self, settings: CacheSettings, redis_url: str | None, lifecycle: Lifecycle | None = None) -> None:
         self.settings = settings
-        self.lifecycle = lifecycle or Lifecycle()
+        self.lifecycle = lifecycle if lifecycle is not None else Lifecycle()
         self.l1 = L1Cache(settings.l1_max_bytes, settings.l1_max_ttl_s)
         self.redis: RedisTier | None = None
         if redis_url:
