@@ -17,7 +17,10 @@ import numpy as np
 from bench import results
 from bench.model_service import MODELS, model_service_argv, model_service_env
 from bench.serving import ROOT, ServerStartError, free_port, running
-from services.mesh import LocalMesh, Replica, ServiceTopology, Topology
+from services.mesh import LocalMesh
+from services.mesh import MeshEndpoint as Replica
+from services.mesh import MeshService as ServiceTopology
+from services.mesh import MeshTopology as Topology
 from services.protos import inference_pb2 as pb
 
 PREFIX = "mesh"

@@ -35,12 +35,20 @@ Address = Annotated[
 def up(
     port_base: Annotated[int, typer.Option(help=PORT_BASE_HELP)] = 8000,
     gateway_port: Annotated[int | None, typer.Option(help="Gateway port (overrides the port base).")] = None,
+    topology: Annotated[
+        Path | None,
+        typer.Option(help="Stack topology YAML: model replica groups, subsets, pinned versions (default: the demo's)."),
+    ] = None,
     log_dir: Annotated[Path, typer.Option(help="Folder for each process's log (and stack.json).")] = Path(".logs"),
     models: Annotated[Path | None, typer.Option(help="Model repository (default: ./models).")] = None,
     pipelines: Annotated[Path | None, typer.Option(help="Pipelines folder (default: the gateway's).")] = None,
     redis_url: Annotated[str | None, typer.Option(help="Use this Redis instead of an embedded Valkey.")] = None,
-    replicas: Annotated[int, typer.Option(min=1, max=8, help="Model v1 replicas.")] = 2,
-    canary: Annotated[bool, typer.Option(help="Run the model v2 canary replica.")] = True,
+    replicas: Annotated[
+        int | None, typer.Option(min=1, max=8, help="Stable (v1) model replicas (default: the topology's).")
+    ] = None,
+    canary: Annotated[
+        bool | None, typer.Option(help="Run the topology's canary (v2) replicas (default: if it has them).")
+    ] = None,
     mesh: Annotated[
         bool, typer.Option(help="Put Envoy (rendered from istio/) in front of every service, with the ingress.")
     ] = True,
@@ -55,20 +63,38 @@ def up(
     ] = 0.0,
 ) -> None:
     """Run the local stack (Valkey, model v1 x2 + v2 canary, feature, cache, gateway, Envoy) until Ctrl-C."""
-    from services.cli.topology import Topology
+    from services.cli.layout import StackLayout
+    from services.cli.stack_topology import StackTopology, TopologyFileError
     from services.cli.up import run_stack
     from services.mesh import MeshConfigError
 
-    topology = Topology.local(
-        port_base, gateway_port, replicas, canary, models, pipelines, host, mesh, traces, log_dir / "traces.sqlite"
-    )
-    if not topology.models_dir.is_dir():
-        err.print(f"model repository {topology.models_dir} not found (build it with `make models`, or --models)")
+    try:
+        stack = StackTopology.load(topology) if topology is not None else StackTopology.demo()
+        stack = stack.with_counts(replicas, canary)
+        layout = StackLayout.local(
+            port_base,
+            gateway_port,
+            topology=stack,
+            models_dir=models,
+            pipelines_dir=pipelines,
+            host=host,
+            mesh=mesh,
+            traces=traces,
+            traces_db=log_dir / "traces.sqlite",
+        )
+    except TopologyFileError as e:
+        err.print(f"[red]topology[/]: {e}", highlight=False)
+        raise typer.Exit(2) from None
+    except ValueError as e:  # ports that clash
+        err.print(f"[red]layout[/]: {e}", highlight=False)
+        raise typer.Exit(2) from None
+    if not layout.models_dir.is_dir():
+        err.print(f"model repository {layout.models_dir} not found (build it with `make models`, or --models)")
         raise typer.Exit(2)
     try:
         code = asyncio.run(
             run_stack(
-                topology, log_dir.resolve(), console, redis_url, start_timeout, stop_timeout_s=stop_timeout, demo_s=demo
+                layout, log_dir.resolve(), console, redis_url, start_timeout, stop_timeout_s=stop_timeout, demo_s=demo
             )
         )
     except MeshConfigError as e:

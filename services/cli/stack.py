@@ -15,11 +15,11 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from services.cli.topology import ProcessSpec
+from services.cli.specs import ProcessSpec
 
 START_HEADER = "=== meshserve up: starting"
 Notify = Callable[[str], None]
-HealthCheck = Callable[[ProcessSpec], Awaitable[bool]]
+HealthProbe = Callable[[ProcessSpec], Awaitable[bool]]
 
 
 class BackoffPolicy(BaseModel):
@@ -137,7 +137,7 @@ class Supervisor:
         log_dir: Path,
         policy: BackoffPolicy | None = None,
         notify: Notify = print,
-        health: HealthCheck = check_health,
+        health: HealthProbe = check_health,
         stop_timeout_s: float = 10.0,
         cwd: Path | None = None,
         on_spawn: Callable[[Managed], None] | None = None,

@@ -10,8 +10,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from rich.console import Console
 from rich.table import Table
 
+from services.cli.layout import StackLayout
+from services.cli.specs import build_specs
 from services.cli.stack import http_ok
-from services.cli.topology import Topology, build_specs
 from services.cli.up import STATE_FILE
 
 
@@ -39,7 +40,7 @@ def targets(log_dir: Path, port_base: int) -> list[tuple[str, str, str]]:
         if data.get("ingress"):
             out.append(("ingress", "grpc", data["ingress"]))
         return out
-    specs = build_specs(Topology.local(port_base, models_dir=Path(".")), redis_url="")
+    specs = build_specs(StackLayout.local(port_base, models_dir=Path(".")), redis_url="")
     return [(s.name, "grpc", s.address) for s in specs if s.address]
 
 

@@ -17,12 +17,24 @@ import numpy as np
 
 HOME = (["us", "ca", "gb", "de", "fr", "br"], [0.6, 0.1, 0.1, 0.08, 0.07, 0.05])
 FAR = ["ng", "ru", "ua", "cn", "id", "in", "vn", "ro"]
-MCC = (["5411", "5812", "5999", "5732", "5311", "6011", "7995", "4829"],
-       [0.30, 0.25, 0.14, 0.10, 0.13, 0.03, 0.02, 0.03])  # fmt: skip
+MCC = (
+    ["5411", "5812", "5999", "5732", "5311", "6011", "7995", "4829"],
+    [0.30, 0.25, 0.14, 0.10, 0.13, 0.03, 0.02, 0.03],
+)
 RISKY_MCC = ["6011", "7995", "4829", "5732"]
 CHANNELS = ["web", "app", "pos", "moto"]
-FIELDS = ("event_time", "user_id", "merchant_id", "device_id", "amount", "country", "channel", "mcc",
-          "card_present", "account_age_days")  # fmt: skip
+FIELDS = (
+    "event_time",
+    "user_id",
+    "merchant_id",
+    "device_id",
+    "amount",
+    "country",
+    "channel",
+    "mcc",
+    "card_present",
+    "account_age_days",
+)
 
 
 @dataclass

@@ -14,8 +14,9 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from services.cli.layout import StackLayout, mesh_topology
+from services.cli.specs import ProcessSpec, build_specs, busy_ports
 from services.cli.stack import BackoffPolicy, StackError, Supervisor, grpc_health
-from services.cli.topology import ProcessSpec, Topology, build_specs, busy_ports, mesh_topology
 
 STATE_FILE = "stack.json"
 MESH_DIR = "mesh"  # under the log dir: Envoy's rendered config (LocalMesh.attach(log_dir / MESH_DIR))
@@ -38,16 +39,16 @@ def ports_table(specs: list[ProcessSpec], redis_url: str, title: str = "meshserv
     return table
 
 
-def write_state(path: Path, topology: Topology, specs: list[ProcessSpec], redis_url: str, sup: Supervisor) -> None:
+def write_state(path: Path, layout: StackLayout, specs: list[ProcessSpec], redis_url: str, sup: Supervisor) -> None:
     """`<log-dir>/stack.json`: what `meshserve status` (and tests) read to find the running stack."""
     services = [
         {"name": s.name, "address": s.address, "health_url": s.health_url, "pid": sup.procs[s.name].pid} for s in specs
     ]
     state = {
         "redis_url": redact(redis_url),
-        "gateway": topology.address(topology.gateway_port),
-        "ingress": topology.address(topology.ingress_port) if topology.mesh else None,
-        "mesh_dir": str(path.parent / MESH_DIR) if topology.mesh else None,
+        "gateway": layout.address(layout.gateway_port),
+        "ingress": layout.address(layout.ingress_port) if layout.mesh else None,
+        "mesh_dir": str(path.parent / MESH_DIR) if layout.mesh else None,
         "services": services,
     }
     tmp = path.with_suffix(".tmp")
@@ -56,7 +57,7 @@ def write_state(path: Path, topology: Topology, specs: list[ProcessSpec], redis_
 
 
 async def run_stack(
-    topology: Topology,
+    layout: StackLayout,
     log_dir: Path,
     console: Console,
     redis_url: str | None = None,
@@ -78,7 +79,7 @@ async def run_stack(
         loop.add_signal_handler(sig, stop.set)
     log_dir.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 (once, at start-up)
     state_path = log_dir / STATE_FILE
-    envoy_command = render_mesh(topology, log_dir / MESH_DIR) if topology.mesh else None
+    envoy_command = render_mesh(layout, log_dir / MESH_DIR) if layout.mesh else None
 
     def notify(message: str) -> None:
         console.print(f"[dim]{_now()}[/] {message}", highlight=False, soft_wrap=True)
@@ -91,8 +92,8 @@ async def run_stack(
 
             valkey = EmbeddedValkey()
             redis_url = await valkey.start()
-        specs = build_specs(topology, redis_url, envoy_command)
-        busy = busy_ports(topology, specs)
+        specs = build_specs(layout, redis_url, envoy_command)
+        busy = busy_ports(layout, specs)
         if busy:
             console.print(f"[red]ports in use[/]: {'; '.join(busy)} (choose others with --port-base)")
             return 1
@@ -100,22 +101,22 @@ async def run_stack(
 
         def on_spawn(_: object) -> None:  # a restart changes a pid: keep stack.json current
             if state_path.exists():
-                write_state(state_path, topology, specs, url, sup)
+                write_state(state_path, layout, specs, url, sup)
 
         sup = supervisor = Supervisor(specs, log_dir, policy, notify, stop_timeout_s=stop_timeout_s, on_spawn=on_spawn)
         console.print(ports_table(specs, redis_url))
         console.print(f"logs: {log_dir}/<service>.log")
         if not await _until_stopped(supervisor.start(start_timeout_s), stop, console):
             return 0 if stop.is_set() else 1
-        entry = topology.address(topology.gateway_port)
-        if topology.mesh:
-            entry = topology.address(topology.ingress_port)
+        entry = layout.address(layout.gateway_port)
+        if layout.mesh:
+            entry = layout.address(layout.ingress_port)
             if not await _until_stopped(wait_grpc_serving(entry, 30.0), stop, console):
                 return 0 if stop.is_set() else 1
             notify(f"ingress {entry} reaches the gateway through Envoy")
-        write_state(state_path, topology, specs, redis_url, supervisor)
+        write_state(state_path, layout, specs, redis_url, supervisor)
         console.print(
-            f"[green]stack is up[/]: {'ingress' if topology.mesh else 'gateway'} at {entry} "
+            f"[green]stack is up[/]: {'ingress' if layout.mesh else 'gateway'} at {entry} "
             f"(try `meshserve demo --address {entry}`); Ctrl-C stops it",
             highlight=False,
             soft_wrap=True,
@@ -173,11 +174,11 @@ async def run_demo_and_explain(address: str, seconds: float, console: Console) -
     console.print(f"[green]still serving at {address}[/]; Ctrl-C stops everything", highlight=False)
 
 
-def render_mesh(topology: Topology, workdir: Path) -> list[str]:
+def render_mesh(layout: StackLayout, workdir: Path) -> list[str]:
     """Render Envoy's configuration from istio/ for the stack into `workdir`; Envoy's command line."""
     from services.mesh import LocalMesh
 
-    mesh = LocalMesh(mesh_topology(topology), topology.istio_paths, workdir)
+    mesh = LocalMesh(mesh_topology(layout), layout.istio_paths, workdir)
     mesh.render()
     return mesh.envoy.command
 

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+import json
+from typing import Any
+
+from pydantic import AliasChoices, Field, ValidationError
+from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDict
+
+from services.common.validation import describe
 
 
 class ServiceSettings(BaseSettings):
@@ -33,3 +38,46 @@ class ServiceSettings(BaseSettings):
     )
     reuse_port: bool = Field(False, description="Set SO_REUSEPORT so several processes can share the port.")
     log_level: str = Field("INFO", description="Python logging level.")
+
+    @classmethod
+    def env_name(cls, field: str) -> str:
+        """The environment variable this class reads `field` from: its alias, else `<env_prefix><FIELD>`."""
+        info = cls.model_fields[field]
+        alias = info.validation_alias or info.alias
+        if isinstance(alias, AliasChoices):
+            alias = next((choice for choice in alias.choices if isinstance(choice, str)), None)
+        if alias is None:
+            return f"{cls.model_config.get('env_prefix', '')}{field}".upper()
+        if not isinstance(alias, str):
+            raise ValueError(f"{cls.__name__}.{field}: an alias path cannot be set from the environment")
+        return alias.upper()
+
+    @classmethod
+    def env_for(cls, **fields: Any) -> dict[str, str]:
+        """The environment variables from which this class reads exactly these field values.
+
+        Field names are checked against the class and values validated as the service would (ValueError at
+        once, naming the field), so a renamed field breaks the caller, not the started process. Values are
+        encoded as pydantic-settings decodes them: JSON for complex fields (dict, list), plain text otherwise.
+        A None is left unset (only for fields whose default is None: the environment cannot spell None).
+        """
+        unknown = sorted(set(fields) - set(cls.model_fields))
+        if unknown:
+            raise ValueError(f"{cls.__name__} has no field {', '.join(map(repr, unknown))}")
+        try:
+            validated = cls.model_validate(fields, by_name=True)
+        except ValidationError as exc:
+            raise ValueError(f"{cls.__name__}: {describe(exc)}") from None
+        dumped = validated.model_dump(mode="json", include=set(fields))
+        source = EnvSettingsSource(cls)
+        env: dict[str, str] = {}
+        for name in fields:
+            value = dumped[name]
+            info = cls.model_fields[name]
+            if value is None:
+                if info.get_default(call_default_factory=True) is not None:
+                    raise ValueError(f"{cls.__name__}.{name}: None cannot be set from the environment")
+                continue
+            text = value if isinstance(value, str) and not source.field_is_complex(info) else json.dumps(value)
+            env[cls.env_name(name)] = text
+        return env

@@ -3,14 +3,14 @@
 from services.mesh.envoy import EnvoyProcess, envoy_binary
 from services.mesh.errors import MeshConfigError
 from services.mesh.local import LocalMesh
-from services.mesh.topology import Replica, ServiceTopology, Topology
+from services.mesh.topology import MeshEndpoint, MeshService, MeshTopology
 
 __all__ = [
     "EnvoyProcess",
     "LocalMesh",
     "MeshConfigError",
-    "Replica",
-    "ServiceTopology",
-    "Topology",
+    "MeshEndpoint",
+    "MeshService",
+    "MeshTopology",
     "envoy_binary",
 ]

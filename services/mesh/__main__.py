@@ -9,7 +9,7 @@ from pathlib import Path
 from services.mesh.errors import MeshConfigError
 from services.mesh.istio import NOT_APPLICABLE_LOCALLY
 from services.mesh.local import DEFAULT_WORKDIR, LocalMesh
-from services.mesh.topology import Topology
+from services.mesh.topology import MeshTopology
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.topology is None:
         parser.error("--topology is required")
     try:
-        mesh = LocalMesh(Topology.load(args.topology), args.istio, args.workdir)
+        mesh = LocalMesh(MeshTopology.load(args.topology), args.istio, args.workdir)
         if args.action == "render":
             print(mesh.render())
         elif args.action == "validate":

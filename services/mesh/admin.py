@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import urllib.error
+import urllib.parse
 import urllib.request
 from typing import Any
 
@@ -27,7 +28,7 @@ class EnvoyAdmin:
 
     def stats(self, filter_regex: str = "") -> dict[str, int]:
         """Counters and gauges (name -> value), optionally only those matching a regex."""
-        query = f"?filter={urllib.request.quote(filter_regex)}" if filter_regex else ""
+        query = f"?filter={urllib.parse.quote(filter_regex)}" if filter_regex else ""
         out: dict[str, int] = {}
         for line in self.get(f"/stats{query}").splitlines():
             name, sep, value = line.rpartition(": ")

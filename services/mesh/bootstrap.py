@@ -11,7 +11,7 @@ from services.mesh.hosts import cluster_name
 from services.mesh.listeners import INGRESS, listener, route_name, tracing
 from services.mesh.loader import IstioConfig
 from services.mesh.routes import Weights, gateway_virtual_services, mesh_virtual_services, route_configuration
-from services.mesh.topology import Topology, split_address
+from services.mesh.topology import MeshTopology, split_address
 
 
 @dataclass
@@ -22,7 +22,9 @@ class Rendered:
     routes: dict[str, dict[str, Any]]
 
 
-def render_routes(istio: IstioConfig, topology: Topology, weights: Weights | None = None) -> dict[str, dict[str, Any]]:
+def render_routes(
+    istio: IstioConfig, topology: MeshTopology, weights: Weights | None = None
+) -> dict[str, dict[str, Any]]:
     """Route configuration name -> RouteConfiguration, for the ingress and every service's listener."""
     weights = weights or {}
     known = {c["name"] for c in render_clusters(istio, topology)}
@@ -37,7 +39,7 @@ def render_routes(istio: IstioConfig, topology: Topology, weights: Weights | Non
     return routes
 
 
-def render(istio: IstioConfig, topology: Topology, routes_dir: Path, weights: Weights | None = None) -> Rendered:
+def render(istio: IstioConfig, topology: MeshTopology, routes_dir: Path, weights: Weights | None = None) -> Rendered:
     """The whole Envoy configuration: admin, clusters, listeners reading their routes from `routes_dir`."""
     listeners = []
     if topology.ingress is not None:

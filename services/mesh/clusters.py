@@ -9,7 +9,7 @@ from services.mesh.errors import MeshConfigError
 from services.mesh.hosts import cluster_name, service_of
 from services.mesh.istio import DestinationRule, OutlierDetection, TrafficPolicy
 from services.mesh.loader import IstioConfig
-from services.mesh.topology import HealthCheck, Replica, Topology, split_address
+from services.mesh.topology import HealthCheck, MeshEndpoint, MeshTopology, split_address
 
 HTTP_PROTOCOL_OPTIONS = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 LB_POLICIES = {
@@ -47,7 +47,7 @@ def merge_policy(base: TrafficPolicy | None, override: TrafficPolicy | None) -> 
     return merged
 
 
-def endpoint(replica: Replica) -> dict[str, Any]:
+def endpoint(replica: MeshEndpoint) -> dict[str, Any]:
     host, port = split_address(replica.address)
     return {"endpoint": {"address": {"socket_address": {"address": host, "port_value": port}}}}
 
@@ -99,7 +99,7 @@ def http2_options(policy: TrafficPolicy) -> dict[str, Any]:
     return {HTTP_PROTOCOL_OPTIONS: options}
 
 
-def cluster(name: str, replicas: list[Replica], policy: TrafficPolicy, hc: HealthCheck | None) -> dict[str, Any]:
+def cluster(name: str, replicas: list[MeshEndpoint], policy: TrafficPolicy, hc: HealthCheck | None) -> dict[str, Any]:
     """One Envoy cluster (a subset, or the whole service) speaking HTTP/2 to its replicas."""
     lb = LB_POLICIES[policy.load_balancer.simple] if policy.load_balancer else "LEAST_REQUEST"
     tcp = policy.connection_pool.tcp if policy.connection_pool else None
@@ -138,7 +138,7 @@ def matches(labels: dict[str, str], selector: dict[str, str]) -> bool:
     return all(labels.get(k) == v for k, v in selector.items())
 
 
-def render_clusters(istio: IstioConfig, topology: Topology) -> list[dict[str, Any]]:
+def render_clusters(istio: IstioConfig, topology: MeshTopology) -> list[dict[str, Any]]:
     """A cluster per service (all replicas) and per DestinationRule subset (replicas whose labels match)."""
     rules = destination_rules_by_service(istio)  # rules for services not in the topology are not rendered
     clusters: list[dict[str, Any]] = []

@@ -20,11 +20,17 @@ def envoy_binary() -> str:
 
 def validate(config: Path, binary: str | None = None) -> None:
     """`envoy --mode validate`; MeshConfigError with Envoy's message when it rejects the configuration."""
-    result = subprocess.run(
-        [binary or envoy_binary(), "--mode", "validate", "-c", str(config), "--log-level", "warn",
-         "--disable-hot-restart"],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+    argv = [
+        binary or envoy_binary(),
+        "--mode",
+        "validate",
+        "-c",
+        str(config),
+        "--log-level",
+        "warn",
+        "--disable-hot-restart",
+    ]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     if result.returncode != 0:
         raise MeshConfigError(f"{config}: rejected by envoy --mode validate:\n{result.stdout}{result.stderr}")
 
@@ -59,10 +65,8 @@ class EnvoyProcess:
 
     @property
     def command(self) -> list[str]:
-        return [
-            self.binary, "-c", str(self.config), "--disable-hot-restart", "--log-level", self.log_level,
-            "--concurrency", str(self.concurrency), "--log-path", str(self.log_path),
-        ]  # fmt: skip
+        command = [self.binary, "-c", str(self.config), "--disable-hot-restart", "--log-level", self.log_level]
+        return [*command, "--concurrency", str(self.concurrency), "--log-path", str(self.log_path)]
 
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -10,6 +10,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from services.common.validation import describe
 from services.mesh.errors import MeshConfigError
 from services.mesh.istio import (
     KINDS,
@@ -23,6 +24,7 @@ from services.mesh.istio import (
 )
 
 SKIPPED_KINDS = {"Component", "Kustomization"}  # kustomize files that sit next to the resources
+UNSUPPORTED_FIELD = "field not supported by the local mesh"
 
 
 @dataclass
@@ -59,13 +61,6 @@ class IstioConfig:
         return self.of(AuthorizationPolicy)
 
 
-def _location(loc: Iterable[int | str]) -> str:
-    out = ""
-    for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out
-
-
 def parse_resource(doc: dict[str, Any], source: Path) -> Resource:
     """One YAML document as a typed resource, or MeshConfigError naming the file, resource and field."""
     kind = doc.get("kind")
@@ -77,11 +72,7 @@ def parse_resource(doc: dict[str, Any], source: Path) -> Resource:
     try:
         resource = model.model_validate(doc)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{_location(err['loc'])}: {'field not supported by the local mesh' if err['type'] == 'extra_forbidden' else err['msg']}"  # noqa: E501
-            for err in exc.errors()
-        )
-        raise MeshConfigError(f"{source}: {kind} '{name}': {problems}") from None
+        raise MeshConfigError(f"{source}: {kind} '{name}': {describe(exc, unknown_field=UNSUPPORTED_FIELD)}") from None
     resource.source = source
     return resource
 

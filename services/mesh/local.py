@@ -18,7 +18,7 @@ from services.mesh.istio import NOT_APPLICABLE_LOCALLY
 from services.mesh.listeners import route_name
 from services.mesh.loader import IstioConfig, load_istio
 from services.mesh.routes import declared_weights, split_subsets
-from services.mesh.topology import Topology
+from services.mesh.topology import MeshService, MeshTopology
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +35,7 @@ class LocalMesh:
 
     def __init__(
         self,
-        topology: Topology,
+        topology: MeshTopology,
         istio_paths: Sequence[Path | str] = ("istio",),
         workdir: Path | str = DEFAULT_WORKDIR,
         *,
@@ -90,7 +90,9 @@ class LocalMesh:
         if not path.exists():
             raise MeshConfigError(f"{path}: no local mesh state (is the local mesh running?)")
         state = json.loads(path.read_text())
-        return cls(Topology.model_validate(state["topology"]), state["istio_paths"], workdir, weights=state["weights"])
+        return cls(
+            MeshTopology.model_validate(state["topology"]), state["istio_paths"], workdir, weights=state["weights"]
+        )
 
     # -- process -----------------------------------------------------------------------------------------
 
@@ -128,7 +130,7 @@ class LocalMesh:
         """Where callers reach `service` through the mesh (its outbound listener)."""
         return self._service(service).listen
 
-    def _service(self, service: str):
+    def _service(self, service: str) -> MeshService:
         try:
             return self.topology.services[service]
         except KeyError:

@@ -3,20 +3,28 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from http import HTTPStatus
 from typing import Any
 
+import grpc
+
+from services.common.validation import field_path
 from services.mesh.durations import envoy_duration, parse_duration
 from services.mesh.errors import MeshConfigError
 from services.mesh.hosts import cluster_name, service_of
-from services.mesh.istio import HTTPFaultInjection, HTTPRetry, HTTPRoute, StringMatch, VirtualService
+from services.mesh.istio import (
+    HTTPFaultInjection,
+    HTTPMatchRequest,
+    HTTPRetry,
+    HTTPRoute,
+    StringMatch,
+    VirtualService,
+)
 from services.mesh.loader import IstioConfig
 
 FAULT_FILTER = "envoy.filters.http.fault"
-GRPC_CODES = {
-    "OK": 0, "CANCELLED": 1, "UNKNOWN": 2, "INVALID_ARGUMENT": 3, "DEADLINE_EXCEEDED": 4, "NOT_FOUND": 5,
-    "ALREADY_EXISTS": 6, "PERMISSION_DENIED": 7, "RESOURCE_EXHAUSTED": 8, "FAILED_PRECONDITION": 9, "ABORTED": 10,
-    "OUT_OF_RANGE": 11, "UNIMPLEMENTED": 12, "INTERNAL": 13, "UNAVAILABLE": 14, "DATA_LOSS": 15, "UNAUTHENTICATED": 16,
-}  # fmt: skip
+GRPC_CODES = {code.name: code.value[0] for code in grpc.StatusCode}
+HTTP_STATUS_CODES = {status.value for status in HTTPStatus}
 
 Weights = Mapping[str, Mapping[str, int]]
 """Run-time weight overrides: service -> subset -> weight (applied to every split route of that service)."""
@@ -33,7 +41,8 @@ def string_match(m: StringMatch) -> dict[str, Any]:
 def route_matches(route: HTTPRoute) -> list[dict[str, Any]]:
     """One Envoy match per Istio match (Istio ORs them); none matches everything."""
     out: list[dict[str, Any]] = []
-    for m in route.match or [None]:
+    matches: list[HTTPMatchRequest | None] = list(route.match) or [None]
+    for m in matches:
         match: dict[str, Any] = {"prefix": "/"}
         if m is not None and m.uri is not None:
             u = m.uri
@@ -50,30 +59,59 @@ def route_matches(route: HTTPRoute) -> list[dict[str, Any]]:
     return out
 
 
-def retry_policy(retries: HTTPRetry) -> dict[str, Any]:
-    """Istio's translation, including the previous-hosts predicate so a retry goes to another replica."""
-    conditions = [
-        c.strip() for c in (retries.retry_on or "connect-failure,refused-stream,unavailable,cancelled").split(",")
-    ]
-    codes = [int(c) for c in conditions if c.isdigit()]
-    named = [c for c in conditions if c and not c.isdigit()]
-    if codes:
-        named.append("retriable-status-codes")
-    policy: dict[str, Any] = {
-        "retry_on": ",".join(named),
-        "num_retries": retries.attempts,
-        "retry_host_predicate": [
-            {
-                "name": "envoy.retry_host_predicates.previous_hosts",
-                "typed_config": {
-                    "@type": "type.googleapis.com/envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate"
-                },
-            }
-        ],
-        "host_selection_retry_max_attempts": 5,
+# Istio's DefaultPolicy (pilot/pkg/networking/core/route/retry/retry.go): what a route without `retries` gets.
+DEFAULT_RETRY_ATTEMPTS = 2
+DEFAULT_RETRY_ON = "connect-failure,refused-stream,unavailable,cancelled,retriable-status-codes"
+DEFAULT_RETRIABLE_STATUS_CODES = [503]
+HOST_SELECTION_RETRY_MAX_ATTEMPTS = 5
+PREVIOUS_HOSTS = {
+    "name": "envoy.retry_host_predicates.previous_hosts",
+    "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate"
+    },
+}
+
+
+def default_retry_policy() -> dict[str, Any]:
+    """Istio's default: 2 retries on connection failures, UNAVAILABLE, CANCELLED and HTTP 503, each on another host."""
+    return {
+        "retry_on": DEFAULT_RETRY_ON,
+        "num_retries": DEFAULT_RETRY_ATTEMPTS,
+        "retry_host_predicate": [PREVIOUS_HOSTS],
+        "host_selection_retry_max_attempts": HOST_SELECTION_RETRY_MAX_ATTEMPTS,
+        "retriable_status_codes": list(DEFAULT_RETRIABLE_STATUS_CODES),
     }
-    if codes:
+
+
+def parse_retry_on(retry_on: str) -> tuple[str, list[int]]:
+    """Istio's split of `retryOn`: Envoy conditions, and the HTTP status codes among them."""
+    named: list[str] = []
+    codes: list[int] = []
+    for part in (p.strip() for p in retry_on.split(",")):
+        if part.isdigit() and int(part) in HTTP_STATUS_CODES:
+            codes.append(int(part))
+        elif part:
+            named.append(part)
+    return ",".join(named), codes
+
+
+def retry_policy(retries: HTTPRetry | None) -> dict[str, Any] | None:
+    """Istio's ConvertPolicy: no `retries` gets the default policy, `attempts: 0` none, anything else the default
+    with the given fields replaced (status codes in `retryOn` become retriable_status_codes)."""
+    policy = default_retry_policy()
+    if retries is None:
+        return policy
+    if retries.attempts <= 0:
+        return None
+    policy["num_retries"] = retries.attempts
+    if retries.retry_on:
+        retry_on, codes = parse_retry_on(retries.retry_on)
+        if codes and "retriable-status-codes" not in retry_on:
+            retry_on += ",retriable-status-codes"
+        policy["retry_on"] = retry_on
         policy["retriable_status_codes"] = codes
+    if not policy["retriable_status_codes"]:
+        del policy["retriable_status_codes"]
     if retries.per_try_timeout is not None:
         policy["per_try_timeout"] = envoy_duration(parse_duration(retries.per_try_timeout))
     return policy
@@ -115,7 +153,7 @@ def route_action(vs: VirtualService, route: HTTPRoute, where: str, known: set[st
         if name not in known:
             what = f"subset '{rd.destination.subset}' of " if rd.destination.subset else ""
             raise MeshConfigError(
-                f"{vs.source}: VirtualService '{vs.metadata.name}': {where}.route[{j}].destination: {what}host "
+                f"{vs.source}: VirtualService '{vs.metadata.name}': {where}.route.{j}.destination: {what}host "
                 f"'{rd.destination.host}' is not defined (not in the topology, or no such subset)"
             )
         targets.append((service, rd.destination.subset, rd.weight))
@@ -124,25 +162,26 @@ def route_action(vs: VirtualService, route: HTTPRoute, where: str, known: set[st
         action["cluster"] = cluster_name(targets[0][0], targets[0][1])
     else:
         override = weights.get(targets[0][0]) if len({t[0] for t in targets}) == 1 else None
-        clusters = []
+        clusters: list[dict[str, Any]] = []
         for service, subset, weight in targets:
             w = override.get(subset or "", 0) if override is not None else weight
             clusters.append({"name": cluster_name(service, subset), "weight": 0 if w is None else w})
-        if sum(c["weight"] for c in clusters) <= 0:
+        if sum(int(c["weight"]) for c in clusters) <= 0:
             raise MeshConfigError(f"{vs.source}: VirtualService '{vs.metadata.name}': {where}.route: weights sum to 0")
         action["weighted_clusters"] = {"clusters": clusters}
     timeout = envoy_duration(parse_duration(route.timeout)) if route.timeout else "0s"
     action["timeout"] = timeout  # Istio: no timeout unless set; a gRPC deadline (grpc-timeout) still applies
     action["max_stream_duration"] = {"grpc_timeout_header_max": timeout}
-    if route.retries is not None and route.retries.attempts > 0:
-        action["retry_policy"] = retry_policy(route.retries)
+    retry = retry_policy(route.retries)
+    if retry is not None:
+        action["retry_policy"] = retry
     return action
 
 
 def envoy_routes(vs: VirtualService, known: set[str], weights: Weights) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for i, route in enumerate(vs.spec.http):
-        where = f"spec.http[{i}]"
+        where = field_path(("spec", "http", i))
         action = route_action(vs, route, where, known, weights)
         match_names = [m.name for m in route.match] or [None]
         for k, match in enumerate(route_matches(route)):
@@ -184,7 +223,14 @@ def route_configuration(
     for vs in vss:
         routes.extend(envoy_routes(vs, known, weights))
     if not routes and default is not None:
-        routes.append({"name": "default", "match": {"prefix": "/"}, "route": {"cluster": default, "timeout": "0s"}})
+        # Istio's default outbound route: no timeout (a gRPC deadline still applies) and the default retry policy.
+        action = {
+            "cluster": default,
+            "timeout": "0s",
+            "max_stream_duration": {"grpc_timeout_header_max": "0s"},
+            "retry_policy": default_retry_policy(),
+        }
+        routes.append({"name": "default", "match": {"prefix": "/"}, "route": action})
     return {"name": name, "virtual_hosts": [{"name": name, "domains": ["*"], "routes": routes}]}
 
 

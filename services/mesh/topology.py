@@ -1,4 +1,4 @@
-"""The local topology: where each service's replicas run, its local listener, and the Envoy addresses."""
+"""MeshTopology: what a cluster knows from Kubernetes (each service's endpoints and listener, Envoy's addresses)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from services.common.validation import describe
 from services.mesh.durations import Duration
 from services.mesh.errors import MeshConfigError
 
@@ -29,8 +30,9 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class Replica(_Strict):
-    """One running process of a service; `labels` play the pod labels (`version` picks the subset)."""
+class MeshEndpoint(_Strict):
+    """One running process (replica) of a service, as Envoy sees it; `labels` play the pod labels (`version` picks
+    the DestinationRule subset)."""
 
     address: str = Field(description="host:port of the replica's gRPC server.")
     labels: dict[str, str] = Field(default_factory=lambda: {"version": "v1"}, description="Pod labels.")
@@ -38,11 +40,11 @@ class Replica(_Strict):
     _check = field_validator("address")(classmethod(lambda cls, v: _address(v)))
 
 
-class ServiceTopology(_Strict):
-    """A service as the mesh sees it: its replicas and the local address that plays its Kubernetes Service."""
+class MeshService(_Strict):
+    """A service as the mesh sees it: its endpoints and the local address that plays its Kubernetes Service."""
 
     listen: str = Field(description="host:port of the outbound listener callers use for this service.")
-    replicas: list[Replica] = Field(default_factory=list)
+    replicas: list[MeshEndpoint] = Field(default_factory=list, description="Its endpoints, one per replica.")
 
     _check = field_validator("listen")(classmethod(lambda cls, v: _address(v)))
 
@@ -58,10 +60,10 @@ class HealthCheck(_Strict):
     service_name: str = Field("", description="grpc.health.v1 service name asked ('' = the whole server).")
 
 
-class Topology(_Strict):
-    """Everything local that a cluster would know from Kubernetes: services, replicas, ports, collector."""
+class MeshTopology(_Strict):
+    """Everything local that a cluster would know from Kubernetes: services, endpoints, ports, collector."""
 
-    services: dict[str, ServiceTopology]
+    services: dict[str, MeshService]
     ingress: str | None = Field("127.0.0.1:8080", description="Ingress listener (plays the ingress gateway).")
     admin: str = Field("127.0.0.1:9901", description="Envoy admin address (/stats, /clusters, /ready).")
     otlp: str | None = Field(None, description="host:port of an OTLP/gRPC collector; None exports no spans.")
@@ -74,7 +76,7 @@ class Topology(_Strict):
         return None if value is None else _address(value)
 
     @classmethod
-    def load(cls, path: Path | str) -> Topology:
+    def load(cls, path: Path | str) -> MeshTopology:
         """Read a YAML or JSON topology file; errors name the file and field."""
         path = Path(path)
         try:
@@ -83,8 +85,7 @@ class Topology(_Strict):
         except (OSError, yaml.YAMLError) as exc:
             raise MeshConfigError(f"{path}: {exc}") from None
         except ValidationError as exc:
-            problems = "; ".join(".".join(str(p) for p in e["loc"]) + f": {e['msg']}" for e in exc.errors())
-            raise MeshConfigError(f"{path}: topology: {problems}") from None
+            raise MeshConfigError(f"{path}: topology: {describe(exc)}") from None
 
     def dump(self) -> str:
         return json.dumps(self.model_dump(mode="json"), indent=2)

@@ -11,7 +11,10 @@ import numpy as np
 import pytest
 import tritonclient.grpc as triton
 
-from services.mesh import LocalMesh, Replica, ServiceTopology, Topology
+from services.mesh import LocalMesh
+from services.mesh import MeshEndpoint as Replica
+from services.mesh import MeshService as ServiceTopology
+from services.mesh import MeshTopology as Topology
 from services.mesh.topology import HealthCheck
 from tests.helpers.models import Mlp, mlp_config, write_model
 from tests.helpers.servers import ServiceProcess, free_port, model_service

@@ -7,18 +7,18 @@ from pathlib import Path
 import pytest
 import yaml
 
-from services.mesh.topology import Replica, ServiceTopology, Topology
+from services.mesh.topology import MeshEndpoint, MeshService, MeshTopology
 
 ROOT = Path(__file__).resolve().parents[3]
 ISTIO = ROOT / "istio"
 
 
-def topology(**extra: object) -> Topology:
-    def svc(port: int, versions: list[str]) -> ServiceTopology:
+def topology(**extra: object) -> MeshTopology:
+    def svc(port: int, versions: list[str]) -> MeshService:
         replicas = [
-            Replica(address=f"127.0.0.1:{port + 100 + i}", labels={"version": v}) for i, v in enumerate(versions)
+            MeshEndpoint(address=f"127.0.0.1:{port + 100 + i}", labels={"version": v}) for i, v in enumerate(versions)
         ]
-        return ServiceTopology(listen=f"127.0.0.1:{port}", replicas=replicas)
+        return MeshService(listen=f"127.0.0.1:{port}", replicas=replicas)
 
     services = {
         "gateway": svc(18000, ["v1"]),
@@ -26,7 +26,7 @@ def topology(**extra: object) -> Topology:
         "feature": svc(18002, ["v1"]),
         "cache": svc(18003, ["v1"]),
     }
-    return Topology(services=services, **extra)  # type: ignore[arg-type]
+    return MeshTopology(services=services, **extra)  # type: ignore[arg-type]
 
 
 @pytest.fixture()

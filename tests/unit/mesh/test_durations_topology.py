@@ -8,7 +8,7 @@ import pytest
 
 from services.mesh.durations import envoy_duration, parse_duration
 from services.mesh.errors import MeshConfigError
-from services.mesh.topology import Topology
+from services.mesh.topology import MeshTopology
 
 
 @pytest.mark.parametrize(
@@ -36,7 +36,7 @@ def test_topology_file(tmp_path: Path) -> None:
         "services:\n  model:\n    listen: 127.0.0.1:18001\n    replicas:\n"
         "      - {address: 127.0.0.1:28001, labels: {version: v2}}\n      - {address: 127.0.0.1:28002}\n"
     )
-    topology = Topology.load(path)
+    topology = MeshTopology.load(path)
     assert [r.labels for r in topology.services["model"].replicas] == [{"version": "v2"}, {"version": "v1"}]
     assert topology.ingress == "127.0.0.1:8080" and topology.admin == "127.0.0.1:9901" and topology.otlp is None
 
@@ -45,7 +45,7 @@ def test_topology_errors_name_file_and_field(tmp_path: Path) -> None:
     path = tmp_path / "topology.yaml"
     path.write_text("services:\n  model:\n    listen: nowhere\n")
     with pytest.raises(MeshConfigError, match=r"topology\.yaml: topology: services\.model\.listen"):
-        Topology.load(path)
+        MeshTopology.load(path)
     path.write_text("services: {}\nadmn: 127.0.0.1:1\n")
-    with pytest.raises(MeshConfigError, match="admn"):
-        Topology.load(path)
+    with pytest.raises(MeshConfigError, match="admn: unknown field"):
+        MeshTopology.load(path)

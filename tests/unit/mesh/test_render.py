@@ -64,11 +64,72 @@ def test_numeric_retry_on_becomes_retriable_status_codes(write_yaml) -> None:
     assert retry["retriable_status_codes"] == [503]
 
 
-def test_no_timeout_means_none_and_no_retries_means_no_policy(write_yaml) -> None:
+# Istio's DefaultPolicy, as pilot/pkg/networking/core/route/retry/retry.go builds it for a route without `retries`.
+ISTIO_DEFAULT_RETRY_POLICY = {
+    "retry_on": "connect-failure,refused-stream,unavailable,cancelled,retriable-status-codes",
+    "num_retries": 2,
+    "retry_host_predicate": [
+        {
+            "name": PREVIOUS_HOSTS,
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate"
+            },
+        }
+    ],
+    "host_selection_retry_max_attempts": 5,
+    "retriable_status_codes": [503],
+}
+
+
+def test_no_retries_means_istios_default_policy_and_no_timeout(write_yaml) -> None:
     path = write_yaml("vs.yaml", vs([{"route": [{"destination": {"host": "model"}}]}]))
     route = routes_of([path])[0]["route"]
-    assert route["timeout"] == "0s" and "retry_policy" not in route
+    assert route["timeout"] == "0s"
+    assert route["retry_policy"] == ISTIO_DEFAULT_RETRY_POLICY
     assert route["cluster"] == "outbound|grpc||model"
+
+
+def test_zero_attempts_means_no_retries(write_yaml) -> None:
+    path = write_yaml("vs.yaml", vs([{"route": [{"destination": {"host": "model"}}], "retries": {"attempts": 0}}]))
+    assert "retry_policy" not in routes_of([path])[0]["route"]
+
+
+def test_given_retry_fields_replace_the_defaults_one_by_one(write_yaml) -> None:
+    """Istio's ConvertPolicy: attempts, retryOn and perTryTimeout replace their default; the rest stays."""
+    only_attempts = {"attempts": 4}
+    path = write_yaml("vs.yaml", vs([{"route": [{"destination": {"host": "model"}}], "retries": only_attempts}]))
+    retry = routes_of([path])[0]["route"]["retry_policy"]
+    assert retry == {**ISTIO_DEFAULT_RETRY_POLICY, "num_retries": 4}
+    named = {"attempts": 1, "retryOn": "unavailable, reset", "perTryTimeout": "250ms"}
+    path = write_yaml("vs.yaml", vs([{"route": [{"destination": {"host": "model"}}], "retries": named}]))
+    retry = routes_of([path])[0]["route"]["retry_policy"]
+    expected = {
+        **ISTIO_DEFAULT_RETRY_POLICY,
+        "num_retries": 1,
+        "retry_on": "unavailable,reset",
+        "per_try_timeout": "0.25s",
+    }
+    del expected["retriable_status_codes"]  # retryOn named no status code
+    assert retry == expected
+    explicit = {"attempts": 2, "retryOn": "retriable-status-codes,502,999"}  # 999: not an HTTP status, kept as named
+    path = write_yaml("vs.yaml", vs([{"route": [{"destination": {"host": "model"}}], "retries": explicit}]))
+    retry = routes_of([path])[0]["route"]["retry_policy"]
+    assert retry["retry_on"] == "retriable-status-codes,999" and retry["retriable_status_codes"] == [502]
+
+
+def test_routes_of_the_real_istio_folder_without_retries_get_the_default(write_yaml) -> None:
+    cache_watch = routes_of([ISTIO], "outbound_cache")[0]
+    assert cache_watch["name"] == "cache.cache-watch.0"
+    assert cache_watch["route"]["retry_policy"] == ISTIO_DEFAULT_RETRY_POLICY
+    fault = routes_of([ISTIO, ISTIO / "variants" / "model-fault.yaml"])[0]
+    assert fault["route"]["retry_policy"] == ISTIO_DEFAULT_RETRY_POLICY  # aborts are local replies: never retried
+    default = routes_of([ISTIO], "outbound_gateway")[0]  # no VirtualService: Istio's default outbound route
+    assert default["route"] == {
+        "cluster": "outbound|grpc||gateway",
+        "timeout": "0s",
+        "max_stream_duration": {"grpc_timeout_header_max": "0s"},
+        "retry_policy": ISTIO_DEFAULT_RETRY_POLICY,
+    }
 
 
 def test_fault_injection_per_route() -> None:
@@ -102,7 +163,9 @@ def test_uri_and_regex_matches(write_yaml) -> None:
 
 def test_unknown_subset_is_an_error(write_yaml) -> None:
     path = write_yaml("vs.yaml", vs([{"route": [{"destination": {"host": "model", "subset": "v3"}}]}]))
-    with pytest.raises(MeshConfigError, match=r"vs\.yaml: VirtualService 'model': spec\.http\[0\]\.route\[0\]"):
+    with pytest.raises(
+        MeshConfigError, match=r"vs\.yaml: VirtualService 'model': spec\.http\.0\.route\.0\.destination"
+    ):
         routes_of([path])
 
 
@@ -127,14 +190,21 @@ def test_subset_clusters_load_balancer_pool_and_outlier_detection() -> None:
     assert v1["lb_policy"] == "LEAST_REQUEST"
     assert v1["connect_timeout"] == "1s"
     assert v1["circuit_breakers"]["thresholds"][0] == {
-        "max_connections": 100, "max_pending_requests": 1024, "max_requests": 1024, "max_retries": 64,
-    }  # fmt: skip
+        "max_connections": 100,
+        "max_pending_requests": 1024,
+        "max_requests": 1024,
+        "max_retries": 64,
+    }
     assert v1["outlier_detection"] == {
         "enforcing_success_rate": 0,
-        "consecutive_gateway_failure": 5, "enforcing_consecutive_gateway_failure": 100,
-        "consecutive_5xx": 5, "enforcing_consecutive_5xx": 100,
-        "interval": "5s", "base_ejection_time": "30s", "max_ejection_percent": 50,
-    }  # fmt: skip
+        "consecutive_gateway_failure": 5,
+        "enforcing_consecutive_gateway_failure": 100,
+        "consecutive_5xx": 5,
+        "enforcing_consecutive_5xx": 100,
+        "interval": "5s",
+        "base_ejection_time": "30s",
+        "max_ejection_percent": 50,
+    }
     assert v1["common_lb_config"] == {"healthy_panic_threshold": {"value": 0}}
     options = v1["typed_extension_protocol_options"]["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]
     assert options["explicit_http_config"] == {"http2_protocol_options": {}}
@@ -169,10 +239,14 @@ def test_active_grpc_health_checks_from_the_topology() -> None:
     checks = cluster([ISTIO], "outbound|grpc|v1|model", health_check=hc)["health_checks"]
     assert checks == [
         {
-            "timeout": "0.2s", "interval": "0.5s", "no_traffic_interval": "1s", "unhealthy_threshold": 3,
-            "healthy_threshold": 1, "grpc_health_check": {"service_name": ""},
+            "timeout": "0.2s",
+            "interval": "0.5s",
+            "no_traffic_interval": "1s",
+            "unhealthy_threshold": 3,
+            "healthy_threshold": 1,
+            "grpc_health_check": {"service_name": ""},
         }
-    ]  # fmt: skip
+    ]
     assert "health_checks" not in cluster([ISTIO], "outbound|grpc|v1|model", health_check=None)
 
 

@@ -1,4 +1,4 @@
-"""Rendered configurations pass `envoy --mode validate`; LocalMesh weight changes without a running Envoy."""
+"""LocalMesh without a running Envoy: its command line, weight changes in route files, attach, `render`."""
 
 from __future__ import annotations
 
@@ -7,26 +7,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from services.mesh import LocalMesh, MeshConfigError
-from services.mesh.envoy import EnvoyProcess, validate
+from services.mesh.__main__ import main
+from services.mesh.envoy import EnvoyProcess
+from services.mesh.errors import MeshConfigError
+from services.mesh.local import LocalMesh
 from tests.unit.mesh.conftest import ISTIO, topology
-
-
-@pytest.mark.parametrize("variant", [None, "model-fault.yaml"])
-def test_rendered_config_passes_envoy_validate(tmp_path: Path, variant: str | None) -> None:
-    paths = [ISTIO] + ([ISTIO / "variants" / variant] if variant else [])
-    mesh = LocalMesh(topology(otlp="127.0.0.1:4317"), paths, tmp_path)
-    mesh.validate()
-    assert sorted(p.name for p in (tmp_path / "routes").iterdir()) == [
-        "ingress.yaml", "outbound_cache.yaml", "outbound_feature.yaml", "outbound_gateway.yaml", "outbound_model.yaml",
-    ]  # fmt: skip
-
-
-def test_envoy_rejection_is_reported(tmp_path: Path) -> None:
-    bad = tmp_path / "envoy.yaml"
-    bad.write_text("static_resources: {clusters: [{name: x, typo_field: 1}]}\n")
-    with pytest.raises(MeshConfigError, match="rejected by envoy"):
-        validate(bad)
 
 
 def test_envoy_process_command_line(tmp_path: Path) -> None:
@@ -78,20 +63,13 @@ def test_attach_without_state(tmp_path: Path) -> None:
         LocalMesh.attach(tmp_path)
 
 
-def test_command_line_validate_and_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from services.mesh.__main__ import main
-
+def test_command_line_render_and_not_applicable(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     topo = tmp_path / "topology.yaml"
     topo.write_text(topology().model_dump_json())
-    assert main(["validate", "--topology", str(topo), "--workdir", str(tmp_path / "w")]) == 0
-    bad = tmp_path / "istio" / "dr.yaml"
-    bad.parent.mkdir()
-    bad.write_text(
-        "apiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata: {name: model}\n"
-        "spec: {host: model, trafficPolicy: {outlierDetection: {consecutiveErrors: 5}}}\n"
-    )
-    assert main(["render", "--topology", str(topo), "--istio", str(bad.parent), "--workdir", str(tmp_path / "w")]) == 2
-    assert (
-        "dr.yaml: DestinationRule 'model': spec.trafficPolicy.outlierDetection.consecutiveErrors"
-        in capsys.readouterr().err
-    )
+    assert main(["render", "--topology", str(topo), "--istio", str(ISTIO), "--workdir", str(tmp_path / "w")]) == 0
+    assert capsys.readouterr().out.strip() == str(tmp_path / "w" / "envoy.yaml")
+    assert (tmp_path / "w" / "routes" / "outbound_model.yaml").is_file()
+    assert main(["not-applicable"]) == 0
+    assert "PeerAuthentication: mutual TLS" in capsys.readouterr().out
+    assert main(["render", "--topology", str(tmp_path / "none.yaml"), "--workdir", str(tmp_path / "w")]) == 2
+    assert "none.yaml" in capsys.readouterr().err

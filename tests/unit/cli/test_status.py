@@ -1,0 +1,98 @@
+"""`meshserve status` against in-process health servers, and the copy-paste help printed after the demo."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from concurrent import futures
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from rich.console import Console
+
+from services.cli.howto import how_to_call
+from services.cli.status import check_all, grpc_status, targets
+from services.cli.up import STATE_FILE
+from tests.helpers.servers import free_port
+
+
+@pytest.fixture()
+def health_server() -> Iterator[tuple[str, health.HealthServicer]]:
+    servicer = health.HealthServicer()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    yield f"127.0.0.1:{port}", servicer
+    server.stop(0)
+
+
+class Ready(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(b"LIVE")
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture()
+def ready_url() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Ready)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/ready"
+    server.shutdown()
+    server.server_close()
+
+
+def test_grpc_status_names_the_serving_state(health_server: tuple[str, health.HealthServicer]) -> None:
+    address, servicer = health_server
+    servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    assert grpc_status(address) == "SERVING"
+    servicer.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
+    assert grpc_status(address) == "NOT_SERVING"
+    assert grpc_status(f"127.0.0.1:{free_port()}", timeout_s=0.5) == "DOWN"
+
+
+def test_status_reads_the_running_stack_and_reports_each_process(
+    tmp_path: Path, health_server: tuple[str, health.HealthServicer], ready_url: str
+) -> None:
+    address, servicer = health_server
+    servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    state = {
+        "ingress": address,
+        "services": [
+            {"name": "gateway", "address": address, "health_url": None, "pid": 1},
+            {"name": "envoy", "address": None, "health_url": ready_url, "pid": 2},
+        ],
+    }
+    (tmp_path / STATE_FILE).write_text(json.dumps(state))
+    assert targets(tmp_path, 8000) == [
+        ("gateway", "grpc", address),
+        ("envoy", "http", ready_url),
+        ("ingress", "grpc", address),
+    ]
+    console = Console(record=True, width=200)
+    assert check_all(tmp_path, 8000, console) == 0
+    printed = console.export_text()
+    assert printed.count("SERVING") == 2 and "READY" in printed
+    servicer.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
+    assert check_all(tmp_path, 8000, Console(record=True, width=200)) == 1
+
+
+def test_without_a_running_stack_status_checks_the_default_layout(tmp_path: Path) -> None:
+    found = {name: address for name, _, address in targets(tmp_path, 8000)}
+    assert found["gateway"] == "127.0.0.1:8000" and found["model-v1-a"] == "127.0.0.1:8001"
+    assert found["model-v2"] == "127.0.0.1:8021" and found["cache"] == "127.0.0.1:8003"
+
+
+def test_how_to_call_shows_the_address_in_every_example() -> None:
+    text = how_to_call("127.0.0.1:18080")
+    assert text.count("127.0.0.1:18080") >= 4
+    assert 'InferenceServerClient("127.0.0.1:18080")' in text and "grpcurl -plaintext 127.0.0.1:18080" in text
+    assert "meshserve infer fraud --address 127.0.0.1:18080" in text

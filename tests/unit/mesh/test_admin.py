@@ -1,0 +1,72 @@
+"""EnvoyAdmin against an in-process stand-in of Envoy's admin interface."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from services.mesh.admin import EnvoyAdmin
+from tests.helpers.servers import free_port
+
+STATS = (
+    "cluster.outbound|grpc|v1|model.upstream_rq_retry: 3\n"
+    "http.model.fault.aborts_injected: 12\n"
+    "some.histogram: P0(nan,1)\n"
+)
+CLUSTERS = (
+    "outbound|grpc|v1|model::default_priority::max_connections::100\n"
+    "outbound|grpc|v1|model::127.0.0.1:8001::health_flags::healthy\n"
+    "outbound|grpc|v1|model::127.0.0.1:8001::rq_total::5\n"
+    "outbound|grpc|v1|model::127.0.0.1:8011::health_flags::/failed_outlier_check\n"
+    "outbound|grpc|v2|model::127.0.0.1:8021::health_flags::healthy\n"
+)
+ROUTES = {"configs": [{"version_info": "42", "route_config": {"name": "outbound_model"}}]}
+
+
+class FakeAdmin(BaseHTTPRequestHandler):
+    paths: list[str] = []
+
+    def do_GET(self) -> None:
+        FakeAdmin.paths.append(self.path)
+        path = self.path.partition("?")[0]
+        body = {"/ready": "LIVE\n", "/stats": STATS, "/clusters": CLUSTERS}.get(path)
+        if path == "/config_dump":
+            body = json.dumps(ROUTES)
+        self.send_response(200 if body is not None else 404)
+        self.end_headers()
+        self.wfile.write((body or "").encode())
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture()
+def admin() -> Iterator[EnvoyAdmin]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), FakeAdmin)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield EnvoyAdmin(f"127.0.0.1:{server.server_address[1]}")
+    server.shutdown()
+    server.server_close()
+
+
+def test_ready_stats_hosts_and_route_versions(admin: EnvoyAdmin) -> None:
+    assert admin.ready()
+    assert admin.stats() == {
+        "cluster.outbound|grpc|v1|model.upstream_rq_retry": 3,
+        "http.model.fault.aborts_injected": 12,
+    }
+    assert admin.stat("http.model.fault.aborts_injected") == 12
+    assert FakeAdmin.paths[-1] == "/stats?filter=%5Ehttp%5C.model%5C.fault%5C.aborts_injected%24"  # escaped regex
+    assert admin.hosts("outbound|grpc|v1|model") == {
+        "127.0.0.1:8001": {"health_flags": "healthy", "rq_total": "5"},
+        "127.0.0.1:8011": {"health_flags": "/failed_outlier_check"},
+    }
+    assert admin.route_versions() == {"outbound_model": "42"}
+
+
+def test_an_admin_nobody_answers_is_not_ready() -> None:
+    assert not EnvoyAdmin(f"127.0.0.1:{free_port()}", timeout=0.5).ready()
