@@ -1,0 +1,207 @@
+"""In-process fake upstreams for the gateway: the same small interface as CacheClient, FeatureClient and
+ModelClient, every call written to one shared log so a test can assert the exact order things happened in."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from services.cache.api import CachedValue, Invalidation
+from services.common.errors import MeshserveError, Unavailable
+from services.feature.api import FeatureMatrix, FeatureSetInfo, FieldValue
+from services.gateway.converters import answer_to_cache_value
+from services.gateway.domain import Answer
+from services.gateway.pipeline import PipelineSpec
+from services.gateway.upstream import Upstreams
+from services.model.api import InferResult, ModelInfo, RawTensor, TensorInfo
+
+COLUMNS = 3
+
+
+def score(value: float, rows: int = 1) -> RawTensor:
+    """A `score` output of [rows, 1] FP32, every element `value`."""
+    array = np.full((rows, 1), value, np.float32)
+    return RawTensor("score", "FP32", [rows, 1], array.tobytes())
+
+
+def scores(tensor: RawTensor) -> list[float]:
+    return np.frombuffer(tensor.raw, np.float32).tolist()
+
+
+def cached(value: float, *, version: str = "1", stale: bool, age_s: float = 30.0, rows: int = 1) -> CachedValue:
+    """A cached answer as the cache client returns it."""
+    payload = answer_to_cache_value(Answer([score(value, rows)], version, "miss"), "m")
+    return CachedValue(payload, version, age_s, stale)
+
+
+def pipeline(**overrides: Any) -> PipelineSpec:
+    """A small pipeline: two raw fields -> feature set fs_v1 -> model m -> score; every remedy available."""
+    document: dict[str, Any] = {
+        "name": "p",
+        "max_batch_size": 8,
+        "inputs": [{"name": "user_id", "datatype": "BYTES"}, {"name": "amount", "datatype": "FP32"}],
+        "features": {"feature_set": "fs_v1"},
+        "model": {"name": "m"},
+        "outputs": ["score"],
+        "degradation": {
+            "on_model_failure": ["stale_cache", "fallback_model", "default"],
+            "on_feature_failure": ["stale_cache", "default"],
+            "fallback_model": {"name": "m", "version": "2"},
+            "default_outputs": {"score": 0.5},
+        },
+    }
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(document.get(key), dict):
+            document[key] = {**document[key], **value}
+        elif value is None:
+            document.pop(key, None)
+        else:
+            document[key] = value
+    return PipelineSpec.model_validate(document)
+
+
+def inputs(rows: int = 1, user: str = "u") -> dict[str, np.ndarray]:
+    """Checked inputs of `pipeline()` ([rows, 1] each)."""
+    return {
+        "user_id": np.array([[user.encode()]] * rows, dtype=object),
+        "amount": np.full((rows, 1), 12.5, np.float32),
+    }
+
+
+class FakeCache:
+    """CacheClient's lookup/store/stats/watch. `hits` answers every lookup (one per key, the rest misses)."""
+
+    def __init__(self, log: list[str], hits: Sequence[CachedValue | None] = ()) -> None:
+        self.log = log
+        self.hits = list(hits)
+        self.error: MeshserveError | None = None
+        self.stored: list[tuple[bytes, bytes, str]] = []
+        self.lookups: list[list[bytes]] = []
+
+    async def lookup(
+        self,
+        keys: Sequence[bytes],
+        pipeline: str = "",
+        allow_stale: bool = False,
+        budget_ms: float = 0.0,
+        timeout_s: float | None = None,
+        metadata: Sequence[tuple[str, str]] = (),
+    ) -> list[CachedValue | None]:
+        self.log.append("cache.lookup")
+        self.lookups.append(list(keys))
+        if self.error is not None:
+            raise self.error
+        return [self.hits[i] if i < len(self.hits) else None for i in range(len(keys))]
+
+    async def store(
+        self,
+        key: bytes,
+        value: bytes,
+        *,
+        pipeline: str,
+        model_name: str,
+        model_version: str,
+        ttl_s: float,
+        stale_ttl_s: float = 0.0,
+        timeout_s: float | None = None,
+        metadata: Sequence[tuple[str, str]] = (),
+    ) -> bool:
+        self.log.append(f"cache.store {model_name}:{model_version}")
+        self.stored.append((key, value, model_version))
+        return True
+
+    async def stats(self, timeout_s: float | None = None, metadata: Sequence[tuple[str, str]] = ()) -> object:
+        return object()
+
+    async def watch(
+        self, metadata: Sequence[tuple[str, str]] = (), *, heartbeat_timeout_s: float | None = None
+    ) -> AsyncGenerator[Invalidation, None]:
+        yield Invalidation(reset=True)
+        await asyncio.Event().wait()  # live until cancelled
+
+
+class FakeFeatures:
+    """FeatureClient's compute: COLUMNS zeros per row, `degraded_rows` flagged; `error` raises instead."""
+
+    def __init__(self, log: list[str]) -> None:
+        self.log = log
+        self.error: MeshserveError | None = None
+        self.degraded_rows = 0
+        self.rows: list[list[dict[str, FieldValue]]] = []
+        self.delay_s = 0.0
+
+    async def compute(
+        self,
+        feature_set: str,
+        rows: Sequence[Mapping[str, FieldValue]],
+        budget_ms: float = 0.0,
+        *,
+        timeout_s: float | None = None,
+        metadata: Sequence[tuple[str, str]] = (),
+    ) -> FeatureMatrix:
+        self.log.append(f"features.compute {feature_set}")
+        self.rows.append([dict(r) for r in rows])
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)
+        if self.error is not None:
+            raise self.error
+        matrix = np.zeros((len(rows), COLUMNS), np.float32).tobytes()
+        names = [f"f{i}" for i in range(COLUMNS)]
+        return FeatureMatrix(matrix, len(rows), COLUMNS, names, self.degraded_rows)
+
+    async def get_feature_set(
+        self, feature_set: str, *, timeout_s: float | None = None, metadata: Sequence[tuple[str, str]] = ()
+    ) -> FeatureSetInfo:
+        return FeatureSetInfo(feature_set, feature_set, 1, {}, [], "")
+
+
+class FakeModel:
+    """ModelClient's infer and describe. Model `m` answers score 0.9 as version 1 (asked for "") and 0.2 as
+    version 2; `errors[(model, version)]` raises instead. `reachable=False`: describe fails (never reached)."""
+
+    def __init__(self, log: list[str]) -> None:
+        self.log = log
+        self.errors: dict[tuple[str, str], MeshserveError] = {}
+        self.values = {("m", ""): ("1", 0.9), ("m", "2"): ("2", 0.2)}
+        self.inputs: list[list[RawTensor]] = []
+        self.reachable = True
+        self.gate: asyncio.Event | None = None  # infer waits for it when set
+
+    async def infer(
+        self,
+        model: str,
+        version: str,
+        inputs: Sequence[RawTensor],
+        *,
+        timeout_s: float | None = None,
+        metadata: Sequence[tuple[str, str]] = (),
+    ) -> InferResult:
+        self.log.append(f"model.infer {model}:{version}")
+        self.inputs.append(list(inputs))
+        if self.gate is not None:
+            await self.gate.wait()
+        error = self.errors.get((model, version))
+        if error is not None:
+            raise error
+        answered, value = self.values[(model, version)]
+        rows = inputs[0].shape[0]
+        return InferResult(model, answered, [score(value, rows)])
+
+    async def describe(
+        self, model: str, version: str = "", *, timeout_s: float | None = None, metadata: Sequence[tuple[str, str]] = ()
+    ) -> ModelInfo:
+        self.log.append(f"model.describe {model}")
+        if not self.reachable:
+            raise Unavailable("model service: connection refused")
+        outputs = [TensorInfo("score", "FP32", [-1, 1])]
+        return ModelInfo(
+            model, ["1", "2"], "onnxruntime_onnx", [TensorInfo("features", "FP32", [-1, COLUMNS])], outputs
+        )
+
+
+def fake_upstreams(log: list[str]) -> Upstreams:
+    """Upstreams of fakes (typed as the real clients: they share the interface the gateway uses)."""
+    return Upstreams(cache=FakeCache(log), feature=FakeFeatures(log), model=FakeModel(log))  # type: ignore[arg-type]
