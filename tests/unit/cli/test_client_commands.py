@@ -17,9 +17,18 @@ from services.common.tensor_codec import decode_request_inputs, encode_raw
 from services.protos import inference_pb2, inference_pb2_grpc
 from tests.helpers.servers import free_port
 
-FRAUD_INPUTS = [("event_time", "INT64"), ("user_id", "BYTES"), ("merchant_id", "BYTES"), ("device_id", "BYTES"),
-                ("amount", "FP32"), ("country", "BYTES"), ("channel", "BYTES"), ("mcc", "BYTES"),
-                ("card_present", "BOOL"), ("account_age_days", "FP32")]  # fmt: skip
+FRAUD_INPUTS = [
+    ("event_time", "INT64"),
+    ("user_id", "BYTES"),
+    ("merchant_id", "BYTES"),
+    ("device_id", "BYTES"),
+    ("amount", "FP32"),
+    ("country", "BYTES"),
+    ("channel", "BYTES"),
+    ("mcc", "BYTES"),
+    ("card_present", "BOOL"),
+    ("account_age_days", "FP32"),
+]
 
 
 class FakeGateway(inference_pb2_grpc.GRPCInferenceServiceServicer):
@@ -69,8 +78,10 @@ def gateway() -> Iterator[tuple[str, FakeGateway]]:
     server.stop(0)
 
 
-ROW = ('{"event_time": 1717400000, "user_id": "u1", "merchant_id": "m2", "device_id": "d1_0", "amount": 250.0, '
-       '"country": "us", "channel": "web", "mcc": "5411", "card_present": false, "account_age_days": 300}')  # fmt: skip
+ROW = (
+    '{"event_time": 1717400000, "user_id": "u1", "merchant_id": "m2", "device_id": "d1_0", "amount": 250.0, '
+    '"country": "us", "channel": "web", "mcc": "5411", "card_present": false, "account_age_days": 300}'
+)
 
 
 def test_infer_prints_outputs_and_parameters(gateway: tuple[str, FakeGateway]) -> None:
