@@ -32,12 +32,15 @@ async def measure() -> dict[str, float]:
 
     from bench.feature_service import BUDGET_MS, HISTORY_S, INGEST_BATCH, SET_ID, T_END, make_rows
     from services.feature.handler import FeatureHandler
-    from services.feature.settings import FeatureSettings
+
+    try:
+        from services.feature.settings import FeatureSettings
+    except ImportError:  # a tree from before the settings were renamed
+        from services.feature.settings import FeatureServiceSettings as FeatureSettings  # type: ignore[no-redef]
 
     server = ValkeyServer()
     server.start()
-    settings = FeatureSettings(port=0, metrics_port=0, lookup_budget_ms=BUDGET_MS,
-                                      key_prefix="meshserve:bench:")  # fmt: skip
+    settings = FeatureSettings(port=0, metrics_port=0, lookup_budget_ms=BUDGET_MS, key_prefix="meshserve:bench:")
     handler = FeatureHandler(settings, server.connection_url)
     try:
         assert await handler.store.prepare()
@@ -62,16 +65,25 @@ async def measure() -> dict[str, float]:
         await handler.close()
         server.stop()
     samples.sort()
-    return {"p50": samples[len(samples) // 2], "p99": samples[int(0.99 * len(samples))],
-            "script": float(stats["cmdstat_evalsha"]["usec_per_call"])}  # fmt: skip
+    return {
+        "p50": samples[len(samples) // 2],
+        "p99": samples[int(0.99 * len(samples))],
+        "script": float(stats["cmdstat_evalsha"]["usec_per_call"]),
+    }
 
 
 def run_in(tree: Path) -> dict[str, float]:
     """This file's --measure, importing `services` and `bench.feature_service` from `tree`."""
     python = os.environ.get("PYTHON", sys.executable)
     env = {**os.environ, "PYTHONPATH": str(tree)}
-    out = subprocess.run([python, str(Path(__file__).resolve()), "--measure"], cwd=tree, env=env, check=True,
-                         capture_output=True, text=True)  # fmt: skip
+    out = subprocess.run(
+        [python, str(Path(__file__).resolve()), "--measure"],
+        cwd=tree,
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -89,8 +101,11 @@ def main(argv: list[str] | None = None) -> int:
     for r in range(args.rounds):
         for name, tree in (("other", args.other.resolve()), ("this", ROOT)):
             got = run_in(tree)
-            print(f"round {r + 1} {name:5}  p50 {got['p50']:6.0f} us  p99 {got['p99']:6.0f} us  "
-                  f"script {got['script']:6.0f} us", flush=True)  # fmt: skip
+            print(
+                f"round {r + 1} {name:5}  p50 {got['p50']:6.0f} us  p99 {got['p99']:6.0f} us  "
+                f"script {got['script']:6.0f} us",
+                flush=True,
+            )
     return 0
 
 

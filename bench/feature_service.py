@@ -28,7 +28,8 @@ from services.feature.featureset import Features, FeatureSet
 from services.feature.handler import FeatureHandler
 from services.feature.settings import FeatureSettings
 from services.feature.spec import Aggregate
-from services.feature.store import AggregateResult, OnlineStore, distinct_keys
+from services.feature.store import AggregateResult, OnlineStore
+from services.feature.store.layout import bucket_head, key_base, last_seen_head
 
 PREFIX = "feature_service"
 SET_ID = "fraud_v1"
@@ -53,12 +54,20 @@ def make_rows(rng: np.random.Generator, n: int, t_from: int, t_to: int) -> list[
     times = np.sort(rng.integers(t_from, t_to, n))
     amounts = np.round(rng.lognormal(3.8, 1.1, n), 2)
     return [
-        {"event_time": int(times[i]), "user_id": f"u{users[i]}", "merchant_id": f"m{merchants[i]}",
-         "device_id": f"d{devices[i]}", "amount": float(amounts[i]), "country": COUNTRIES[i % len(COUNTRIES)],
-         "channel": CHANNELS[i % len(CHANNELS)], "mcc": MCCS[i % len(MCCS)], "card_present": bool(i % 3 == 0),
-         "account_age_days": float(rng.integers(0, 4000))}
+        {
+            "event_time": int(times[i]),
+            "user_id": f"u{users[i]}",
+            "merchant_id": f"m{merchants[i]}",
+            "device_id": f"d{devices[i]}",
+            "amount": float(amounts[i]),
+            "country": COUNTRIES[i % len(COUNTRIES)],
+            "channel": CHANNELS[i % len(CHANNELS)],
+            "mcc": MCCS[i % len(MCCS)],
+            "card_present": bool(i % 3 == 0),
+            "account_age_days": float(rng.integers(0, 4000)),
+        }
         for i in range(n)
-    ]  # fmt: skip
+    ]
 
 
 class NaiveReader:
@@ -67,25 +76,25 @@ class NaiveReader:
     def __init__(self, store: OnlineStore, fs: FeatureSet) -> None:
         self.client = store.client
         self.fs = fs
-        self.base = f"{store.prefix}{fs.plan.set_id}:"
+        self.base = key_base(store.prefix, fs.plan.set_id)
         self.commands = 0
 
     async def one(self, a: Aggregate, ids: dict[str, str], t: int) -> float | None:
         self.commands += 1
         if a.op == "since_last":
             got = await self.client.zrevrangebyscore(
-                f"{self.base}l:{a.entity}:{ids[a.entity]}", f"({t}", "-inf", start=0, num=1, withscores=True
+                last_seen_head(self.base, a.entity) + ids[a.entity], f"({t}", "-inf", start=0, num=1, withscores=True
             )
             return float(t - int(got[0][1])) if got else None
         b, n = a.bucket_s, a.window_s // a.bucket_s
         now = t // b
         if a.op == "distinct":
-            keys = distinct_keys(self.base, self.fs.plan.distinct_of(a), ids[a.entity], now - n, n)
+            keys = self.fs.plan.distinct_of(a).keys(self.base, ids[a.entity], now - n, n)
             return float(await self.client.pfcount(*keys))
         plan = self.fs.plan
         gi = plan.groups.index(plan.group_of(a))
         lo, hi = sorted((plan.score_of(gi, now - n), plan.score_of(gi, now - 1)))  # the window in the group's band
-        got = await self.client.zrangebyscore(f"{self.base}b:{a.entity}:{ids[a.entity]}", lo, hi)
+        got = await self.client.zrangebyscore(bucket_head(self.base, a.entity) + ids[a.entity], lo, hi)
         records = [struct.unpack("<" + "d" * plan.entity_width(a.entity), v[8:]) for v in got]  # after the score
         col = self.fs.plan.column_of(a)
         if a.op in ("count", "sum"):
@@ -156,8 +165,7 @@ async def run(iterations: int, naive_iterations: int, events: int, command: str)
     server = ValkeyServer()
     server.start()
     rng = np.random.default_rng(11)
-    settings = FeatureSettings(port=0, metrics_port=0, lookup_budget_ms=BUDGET_MS,
-                                      key_prefix="meshserve:bench:")  # fmt: skip
+    settings = FeatureSettings(port=0, metrics_port=0, lookup_budget_ms=BUDGET_MS, key_prefix="meshserve:bench:")
     handler = FeatureHandler(settings, server.connection_url)
     try:
         assert await handler.store.prepare()
@@ -186,7 +194,7 @@ async def run(iterations: int, naive_iterations: int, events: int, command: str)
                     iterations,
                 ),
                 ("naive (1 command per feature per row)", lambda nxt=nxt: naive.compute(nxt()), naive_iterations),
-            ]  # fmt: skip
+            ]
             for name, call, n in cases:
                 samples = await timed(call, n, max(5, n // 10))
                 p50, p99 = quantiles(samples)
@@ -218,12 +226,18 @@ async def run(iterations: int, naive_iterations: int, events: int, command: str)
     speedup = by[("naive", 32)][0] / by[("pipelined", 32)][0]
     p99_32 = by[("pipelined", 32)][1]
     checks = [
-        (f"pipelined >= {SPEEDUP_TARGET:.0f}x faster than naive at batch 32 (p50)", f"{speedup:.1f}x",
-         "PASS" if speedup >= SPEEDUP_TARGET else "FAIL"),
-        (f"p99 of a 32-row Compute < {P99_TARGET_US / 1e3:.0f} ms", f"{p99_32 / 1e3:.2f} ms",
-         "PASS" if p99_32 < P99_TARGET_US else "FAIL"),
+        (
+            f"pipelined >= {SPEEDUP_TARGET:.0f}x faster than naive at batch 32 (p50)",
+            f"{speedup:.1f}x",
+            "PASS" if speedup >= SPEEDUP_TARGET else "FAIL",
+        ),
+        (
+            f"p99 of a 32-row Compute < {P99_TARGET_US / 1e3:.0f} ms",
+            f"{p99_32 / 1e3:.2f} ms",
+            "PASS" if p99_32 < P99_TARGET_US else "FAIL",
+        ),
         ("read script, server side, per 32-row call", f"{script:.0f} us ({script / 32:.1f} us/row)", ""),
-    ]  # fmt: skip
+    ]
     results.print_table(["target", "measured", "result"], checks, title="targets")
     figures += [
         results.figure(f"{PREFIX}.speedup.b32", speedup, "x", "naive p50 / pipelined p50, 32 rows", command),

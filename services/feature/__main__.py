@@ -16,11 +16,17 @@ from services.protos import feature_pb2_grpc
 log = logging.getLogger("services.feature")
 
 
+def build(settings: FeatureSettings, redis_url: str) -> tuple[GrpcService, FeatureHandler]:
+    """The server with the FeatureServicer on a handler that answers liveness and readiness from its lifecycle."""
+    service = GrpcService("feature", settings, [SERVICE_NAME])
+    handler = FeatureHandler(settings, redis_url, service.lifecycle)
+    feature_pb2_grpc.add_FeatureServiceServicer_to_server(FeatureServicer(handler), service.server)
+    return service, handler
+
+
 async def serve(settings: FeatureSettings) -> None:
     async with redis_url_or_embedded(settings.redis_url) as url:
-        handler = FeatureHandler(settings, url)
-        service = GrpcService("feature", settings, [SERVICE_NAME])
-        feature_pb2_grpc.add_FeatureServiceServicer_to_server(FeatureServicer(handler), service.server)
+        service, handler = build(settings, url)
 
         async def on_start() -> None:
             if not await handler.store.prepare():

@@ -115,8 +115,9 @@ class FeatureSet:
 
     # -- input -----------------------------------------------------------------------------------
 
-    def columns(self, rows: Sequence[Mapping[str, Scalar | None]], fields: Sequence[str] | None = None,
-                what: str = "row") -> dict[str, np.ndarray]:  # fmt: skip
+    def columns(
+        self, rows: Sequence[Mapping[str, Scalar | None]], fields: Sequence[str] | None = None, what: str = "row"
+    ) -> dict[str, np.ndarray]:
         """Validated typed columns of the given fields (every input by default); InvalidArgument names row and field."""
         inputs = self.spec.inputs
         wanted = list(inputs) if fields is None else list(fields)
@@ -134,7 +135,7 @@ class FeatureSet:
                     got = PY_TYPE.get(type(v))
                     if got != expected:
                         raise InvalidArgument(f"{what} {r}: field {name!r} must be {expected}, got {got}")
-            col = np.array(values, dtype=NP_DTYPE[expected])
+            col: np.ndarray = np.array(values, dtype=NP_DTYPE[expected])
             if expected == "double":
                 bad = ~np.isfinite(col)
                 if bad.any():
@@ -183,6 +184,7 @@ class FeatureSet:
                 elif isinstance(f, Hashed):
                     out[:, self.slices[i]] = tf.hashed(columns[f.input], f.buckets)
                 else:
+                    assert isinstance(f, Identity | Log | Clip | ZScore)  # (ratios are computed in finish)
                     x = columns[f.input].astype(np.float64)
                     if isinstance(f, Log):
                         x = tf.log1p_pos(x)
@@ -190,8 +192,6 @@ class FeatureSet:
                         x = np.clip(x, f.min, f.max)
                     elif isinstance(f, ZScore):
                         x = tf.zscore(x, f.mean, f.std)
-                    else:
-                        assert isinstance(f, Identity)
                     self._put(out, values, i, x)
         return Prepared(columns, out, values, defaulted)
 

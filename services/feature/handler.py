@@ -1,7 +1,8 @@
 """The feature service's domain handler: validated Compute, Ingest and GetFeatureSet in domain types.
 
-The servicer only converts protobuf to these calls and back; tests (and later training) use this directly.
-A failed or slow online store never fails Compute: aggregates take their defaults and rows are degraded.
+The servicer only converts protobuf to these calls and back (converters.py); tests, the benchmarks and
+training (models/feature_replay.py) use this directly. A failed or slow online store never fails Compute:
+aggregates take their defaults and rows are degraded.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import numpy as np
 from opentelemetry import trace
 
 from services.common.errors import InvalidArgument, NotFound, Unavailable
+from services.common.server import Lifecycle
 from services.common.tracing import child_span
 from services.feature import metrics
 from services.feature.featureset import Features, FeatureSet, Scalar, load_feature_sets
@@ -31,15 +33,19 @@ SEND_TURNS = 2  # loop turns redis.asyncio needs from a call to its command on t
 class FeatureHandler:
     """Everything the feature RPCs do. Build it inside the running event loop."""
 
-    def __init__(self, settings: FeatureSettings, redis_url: str) -> None:
+    def __init__(self, settings: FeatureSettings, redis_url: str, lifecycle: Lifecycle | None = None) -> None:
         self.settings = settings
+        self.lifecycle = lifecycle if lifecycle is not None else Lifecycle()  # the server's, when served
         self.sets = load_feature_sets(settings.features_dir)
-        self.store = OnlineStore(
-            redis_url,
-            settings.key_prefix,
-            settings.redis_max_connections,
-            plans=[fs.plan for fs in self.sets.values()],  # their read scripts are loaded by store.prepare()
-        )
+        self.store = OnlineStore(redis_url, settings.key_prefix, settings.redis_max_connections)
+
+    def live(self) -> bool:
+        """The process serves and should not be restarted (until SIGTERM)."""
+        return self.lifecycle.live
+
+    def ready(self) -> bool:
+        """Feature sets loaded and not draining (a down Redis degrades rows; it does not make the service unready)."""
+        return self.lifecycle.ready
 
     def feature_set(self, set_id: str) -> FeatureSet:
         found = self.sets.get(set_id)

@@ -16,6 +16,7 @@ from typing import Annotated, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
+from services.common import validation
 from services.common.yaml_docs import DocumentError, located_error, parse_yaml
 
 InputType = Literal["string", "int64", "double", "bool"]
@@ -73,7 +74,7 @@ class Clip(_Feature):
     max: float
 
     @model_validator(mode="after")
-    def _ordered(self) -> Clip:
+    def _min_max_ordered(self) -> Clip:
         if self.min > self.max:
             raise ValueError("min must not exceed max")
         return self
@@ -301,11 +302,10 @@ def load_spec(path: Path) -> FeatureSetSpec:
     try:
         spec = FeatureSetSpec.model_validate(data)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        loc = tuple(first["loc"])
-        if first["type"] in ("union_tag_invalid", "union_tag_not_found"):
+        loc, message = validation.problems(exc)[0]
+        if exc.errors()[0]["type"] in ("union_tag_invalid", "union_tag_not_found"):
             loc += ("kind",)  # point at the kind key (or, when it is missing, the feature)
-        raise _error(path, root, loc, first["msg"]) from exc
+        raise _error(path, root, loc, message) from exc
     problems = _check_references(spec, path.parent)
     if problems:
         loc, message = problems[0]

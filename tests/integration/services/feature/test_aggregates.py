@@ -18,7 +18,7 @@ from services.feature.featureset import load_feature_sets
 from services.feature.handler import FeatureHandler
 from services.feature.spec import Aggregate, parse_duration
 from services.feature.store import BAND
-from tests.unit.feature.conftest import feature_settings
+from tests.integration.services.feature.conftest import feature_settings
 
 BASE = 1_700_000_003  # not aligned to any bucket
 AGG_YAML = """\
@@ -234,8 +234,9 @@ async def test_distinct_block_rollups_equal_per_bucket_merge(valkey: ValkeyServe
         await handler.store.client.flushall()
         rng = np.random.default_rng(3)
         span = 50 * 60
-        small = [Event(BASE + int(s), f"u{int(s) % 3}", f"m{rng.integers(0, 40)}", 1.0)
-                 for s in rng.integers(0, span, 400)]  # fmt: skip
+        small = [
+            Event(BASE + int(s), f"u{int(s) % 3}", f"m{rng.integers(0, 40)}", 1.0) for s in rng.integers(0, span, 400)
+        ]
         big = [Event(BASE + int(s), f"x{i}", "busy", 1.0) for i, s in enumerate(rng.integers(0, span, 6000))]
         events = sorted(small + big, key=lambda e: e.ts)
         for i in range(0, len(events), 500):
@@ -259,8 +260,11 @@ async def test_distinct_block_rollups_equal_per_bucket_merge(valkey: ValkeyServe
                     every = [f"{base}h:{f.entity}:{key}:{f.field}:{b}:{k}" for k in range(t // b - n, t // b)]
                     assert got == float(client.pfcount(*every)), (f.name, t, key)
                     if key != "busy":  # small sets: HyperLogLogs count exactly
-                        inside = {getattr(e, f.field or "") for e in events
-                                  if getattr(e, f.entity) == key and t // b - n <= e.ts // b < t // b}  # fmt: skip
+                        inside = {
+                            getattr(e, f.field or "")
+                            for e in events
+                            if getattr(e, f.entity) == key and t // b - n <= e.ts // b < t // b
+                        }
                         assert got == len(inside), (f.name, t, key)
                 else:
                     assert got == reference(events, f, key, t), (f.name, t, key)

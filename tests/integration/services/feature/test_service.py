@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 
 from services.common.server import GrpcService
-from services.feature.servicer import row_to_pb
+from services.feature.converters import row_to_pb
 from services.protos import feature_pb2 as pb
 from services.protos import feature_pb2_grpc as pb_grpc
 from tests.helpers.servers import feature_service
-from tests.unit.feature.conftest import T0, fraud_row
+from tests.integration.services.feature.conftest import T0, fraud_row
 
 
 def target(service: GrpcService) -> str:
@@ -52,16 +52,28 @@ async def test_bad_requests_map_to_status_codes(feature_server: GrpcService) -> 
     mistyped = row_to_pb(fraud_row(amount="lots"))
     empty_value = pb.Row(fields={**good.fields, "amount": pb.Value()})
     bad = [
-        ("Compute", pb.ComputeRequest(feature_set="fraud_v1", rows=[good, mistyped]), grpc.StatusCode.INVALID_ARGUMENT,
-         "row 1: field 'amount' must be double, got string"),
-        ("Compute", pb.ComputeRequest(feature_set="fraud_v1", rows=[empty_value]), grpc.StatusCode.INVALID_ARGUMENT,
-         "row 0: field 'amount' (double) has no value"),
-        ("Compute", pb.ComputeRequest(feature_set="fraud_v1", rows=[good] * 1025), grpc.StatusCode.INVALID_ARGUMENT,
-         "1025 rows"),
+        (
+            "Compute",
+            pb.ComputeRequest(feature_set="fraud_v1", rows=[good, mistyped]),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "row 1: field 'amount' must be double, got string",
+        ),
+        (
+            "Compute",
+            pb.ComputeRequest(feature_set="fraud_v1", rows=[empty_value]),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "row 0: field 'amount' (double) has no value",
+        ),
+        (
+            "Compute",
+            pb.ComputeRequest(feature_set="fraud_v1", rows=[good] * 1025),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "1025 rows",
+        ),
         ("Compute", pb.ComputeRequest(feature_set="fraud_v7", rows=[good]), grpc.StatusCode.NOT_FOUND, "fraud_v7"),
         ("GetFeatureSet", pb.GetFeatureSetRequest(feature_set="x"), grpc.StatusCode.NOT_FOUND, "'x'"),
         ("Ingest", pb.IngestRequest(feature_set="fraud_v1"), grpc.StatusCode.INVALID_ARGUMENT, "no events"),
-    ]  # fmt: skip
+    ]
     async with grpc.aio.insecure_channel(target(feature_server)) as channel:
         stub = pb_grpc.FeatureServiceStub(channel)
         for method, request, code, says in bad:
