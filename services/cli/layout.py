@@ -138,7 +138,7 @@ class StackLayout(BaseModel):
         )
         clashes = layout.clashing_ports()
         if clashes:
-            raise ValueError(f"the layout from port base {port_base} gives ports to several processes: {clashes}")
+            raise ValueError(f"the layout from port base {port_base} gives one port to several: {'; '.join(clashes)}")
         return layout
 
     def address(self, port: int) -> str:

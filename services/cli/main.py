@@ -62,7 +62,10 @@ def up(
         float, typer.Option(help="Once up, send this many seconds of demo traffic, then explain how to call it.")
     ] = 0.0,
 ) -> None:
-    """Run the local stack (Valkey, model v1 x2 + v2 canary, feature, cache, gateway, Envoy) until Ctrl-C."""
+    """Run the local stack (Valkey, the topology's model replicas, feature, cache, gateway, Envoy) until Ctrl-C.
+
+    The default topology is the demo's: model v1 on two replicas and v2 as canary (services/cli/demo_stack.yaml).
+    """
     from services.cli.layout import StackLayout
     from services.cli.stack_topology import StackTopology, TopologyFileError
     from services.cli.up import run_stack
@@ -83,10 +86,10 @@ def up(
             traces_db=log_dir / "traces.sqlite",
         )
     except TopologyFileError as e:
-        err.print(f"[red]topology[/]: {e}", highlight=False)
+        err.print(f"[red]topology[/]: {e}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
     except ValueError as e:  # ports that clash
-        err.print(f"[red]layout[/]: {e}", highlight=False)
+        err.print(f"[red]layout[/]: {e}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
     if not layout.models_dir.is_dir():
         err.print(f"model repository {layout.models_dir} not found (build it with `make models`, or --models)")

@@ -70,3 +70,11 @@ def test_up_refuses_a_bad_topology_before_starting_anything(tmp_path: Path) -> N
 def test_up_refuses_a_missing_model_repository(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["up", "--models", str(tmp_path / "none"), "--log-dir", str(tmp_path / "logs")])
     assert result.exit_code == 2 and "model repository" in result.output
+
+
+def test_up_refuses_a_topology_whose_ports_clash(tmp_path: Path) -> None:
+    crowded = tmp_path / "crowded.yaml"
+    crowded.write_text("stable: {subset: v1, replicas: 8}\ncanary: {subset: v2, replicas: 3}\n")
+    result = CliRunner().invoke(app, ["up", "--topology", str(crowded), "--log-dir", str(tmp_path / "logs")])
+    assert result.exit_code == 2 and "layout" in result.output and "port 8101" in result.output
+    assert not (tmp_path / "logs").exists()
