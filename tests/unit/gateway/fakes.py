@@ -37,8 +37,9 @@ def cached(value: float, *, version: str = "1", stale: bool, age_s: float = 30.0
     return CachedValue(payload, version, age_s, stale)
 
 
-def pipeline(**overrides: Any) -> PipelineSpec:
-    """A small pipeline: two raw fields -> feature set fs_v1 -> model m -> score; every remedy available."""
+def pipeline_document(**overrides: Any) -> dict[str, Any]:
+    """A small pipeline: two raw fields -> feature set fs_v1 -> model m -> score; every remedy available.
+    An override that is a dict updates that section; None removes the key."""
     document: dict[str, Any] = {
         "name": "p",
         "max_batch_size": 8,
@@ -60,7 +61,11 @@ def pipeline(**overrides: Any) -> PipelineSpec:
             document.pop(key, None)
         else:
             document[key] = value
-    return PipelineSpec.model_validate(document)
+    return document
+
+
+def pipeline(**overrides: Any) -> PipelineSpec:
+    return PipelineSpec.model_validate(pipeline_document(**overrides))
 
 
 def inputs(rows: int = 1, user: str = "u") -> dict[str, np.ndarray]:
