@@ -12,12 +12,16 @@ from services.cache.api import CacheClient, Entry, Invalidation, L1Cache
 from services.cache.handler import CacheHandler
 from services.cache.servicer import SERVICE_NAME, CacheServicer
 from services.cache.settings import CacheSettings
-from services.gateway.near import NearCacheWatch
+from services.common.errors import Unavailable
+from services.gateway.near import NearCacheWatch, near_cache
 from services.gateway.pipeline import load_pipelines
 from services.gateway.runner import PipelineRunner
+from services.gateway.settings import GatewaySettings
+from services.gateway.upstream import UNTRACED
 from services.gateway.versions import ServingVersions
 from services.protos import cache_pb2_grpc as pb_grpc
 from tests.helpers.inprocess import serving_in_process
+from tests.unit.gateway.fakes import FakeCache
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -85,3 +89,36 @@ def test_an_answer_older_than_an_invalidation_is_not_kept_near() -> None:
     assert near.get(b"k", time.time()) is None
     runner._keep_near(b"k", b"new answer", "1", time.time(), near.generation)
     assert near.get(b"k", time.time()).value == b"new answer"
+
+
+def test_the_settings_choose_the_near_cache_and_its_watch() -> None:
+    base = {"near_cache_ttl_s": 2.0, "near_cache_max_bytes": 1 << 20, "near_cache_watched_ttl_s": 60.0}
+    near, watch = near_cache(GatewaySettings(**base), FakeCache([]))
+    assert near is not None and watch is not None and watch.near is near
+    assert (watch.watched_ttl_s, watch.unwatched_ttl_s, near.max_ttl_s) == (60.0, 2.0, 2.0)
+    assert watch.metadata == UNTRACED  # the mesh does not trace the watch
+    near, watch = near_cache(GatewaySettings(**{**base, "near_cache_watched_ttl_s": 0.0}), FakeCache([]))
+    assert near is not None and watch is None
+    for off in ({"near_cache_ttl_s": 0.0}, {"near_cache_max_bytes": 0}):
+        assert near_cache(GatewaySettings(**{**base, **off}), FakeCache([])) == (None, None)
+
+
+async def test_a_watch_that_fails_empties_the_near_cache_and_reconnects() -> None:
+    near = L1Cache(1 << 20, 2.0)
+    opened: list[int] = []
+
+    class Flaky:
+        async def watch(self, metadata=(), *, heartbeat_timeout_s=None):
+            opened.append(1)
+            yield Invalidation(reset=True)
+            raise Unavailable("cache service: Watch stream silent for 1.0 s")
+
+    watch = NearCacheWatch(near, Flaky(), 60.0, 2.0, heartbeat_timeout_s=1.0)
+    near.put(b"k", entry("fraud", "mlp", "1"), time.time())
+    task = asyncio.ensure_future(watch.run())
+    try:
+        await wait_for(lambda: len(opened) >= 2, "the watch did not reconnect")
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    assert not watch.live and len(near) == 0 and near.max_ttl_s == 2.0
