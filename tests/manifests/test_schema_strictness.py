@@ -44,8 +44,11 @@ def test_istio_typos_fail(prod: list[Doc]) -> None:
     assert not crd_errors(dr)
     assert crd_errors(with_typo(dr, ["spec", "trafficPolicy", "outlierDetection"], "outlierDetecton"))
 
-    vs = next(d for d in find(prod, "VirtualService") if any("retries" in r for r in d["spec"].get("http", [])))
-    route = next(i for i, r in enumerate(vs["spec"]["http"]) if "retries" in r)
+    def retries_on(r: dict) -> bool:
+        return "retryOn" in r.get("retries", {})
+
+    vs = next(d for d in find(prod, "VirtualService") if any(retries_on(r) for r in d["spec"].get("http", [])))
+    route = next(i for i, r in enumerate(vs["spec"]["http"]) if retries_on(r))
     assert not crd_errors(vs)
     assert crd_errors(with_typo(vs, ["spec", "http", route, "retries", "retryOn"], "retryon"))
 
