@@ -10,11 +10,12 @@ import grpc
 import numpy as np
 import pytest
 import yaml
-from prometheus_client import REGISTRY
+from prometheus_client import Counter
 
 from services.common.errors import InvalidArgument, NotFound, ResourceExhausted, Unavailable
 from services.common.server import Lifecycle
 from services.common.tensor_codec import serialize_bytes
+from services.gateway import metrics
 from services.gateway.admission import Priority
 from services.gateway.domain import PipelineRequest
 from services.gateway.handler import GatewayHandler
@@ -26,8 +27,13 @@ from tests.helpers.inprocess import serving_in_process
 from tests.unit.gateway.fakes import FakeModel, fake_upstreams, inputs, pipeline_document, scores
 
 
-def sample(name: str, **labels: str) -> float:
-    return REGISTRY.get_sample_value(name, labels) or 0.0
+def sample(metric: Counter, **labels: str) -> float:
+    """A counter's value for these labels (0 before its first increment)."""
+    for family in metric.collect():
+        for found in family.samples:
+            if found.name.endswith("_total") and found.labels == labels:
+                return found.value
+    return 0.0
 
 
 @pytest.fixture()
@@ -60,7 +66,7 @@ def request(rows: int = 1, **fields: object) -> PipelineRequest:
 
 
 async def test_a_request_is_answered_and_counted(handler: GatewayHandler, log: list[str]) -> None:
-    ok_before = sample("meshserve_gateway_requests_total", pipeline="p", code="OK", cache="miss")
+    ok_before = sample(metrics.REQUESTS, pipeline="p", code="OK", cache="miss")
     response = await handler.infer(request(rows=2, id="r1"), None, ())
     assert (response.pipeline, response.id, response.model_version, response.cache) == ("p", "r1", "1", "miss")
     assert response.degraded is None and response.stages_ms == {}  # stage times only with debug
@@ -69,20 +75,20 @@ async def test_a_request_is_answered_and_counted(handler: GatewayHandler, log: l
     assert log == ["cache.lookup", "features.compute fs_v1", "model.infer m:", "cache.store m:1"]
     stats = handler.statistics("p")["p"]
     assert (stats.success_count, stats.inferences, stats.model_count, stats.fail_count) == (1, 2, 1, 0)
-    assert sample("meshserve_gateway_requests_total", pipeline="p", code="OK", cache="miss") == ok_before + 1
+    assert sample(metrics.REQUESTS, pipeline="p", code="OK", cache="miss") == ok_before + 1
 
 
 async def test_admission_refusal_is_resource_exhausted_and_counted(handler: GatewayHandler, log: list[str]) -> None:
-    shed_before = sample("meshserve_gateway_shed_total", pipeline="p", priority="normal")
-    refused_before = sample("meshserve_gateway_requests_total", pipeline="p", code="RESOURCE_EXHAUSTED", cache="none")
+    shed_before = sample(metrics.SHED, pipeline="p", priority="normal")
+    refused_before = sample(metrics.REQUESTS, pipeline="p", code="RESOURCE_EXHAUSTED", cache="none")
     held = handler.admission.acquire("p")  # the pipeline's only slot
     with pytest.raises(ResourceExhausted) as info:
         await handler.infer(request(), None, ())
     assert info.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert dict(info.value.trailers) == {"grpc-retry-pushback-ms": "50"}
     assert log == []  # refused before any upstream call
-    assert sample("meshserve_gateway_shed_total", pipeline="p", priority="normal") == shed_before + 1
-    refused = sample("meshserve_gateway_requests_total", pipeline="p", code="RESOURCE_EXHAUSTED", cache="none")
+    assert sample(metrics.SHED, pipeline="p", priority="normal") == shed_before + 1
+    refused = sample(metrics.REQUESTS, pipeline="p", code="RESOURCE_EXHAUSTED", cache="none")
     assert refused == refused_before + 1
     held.release()
     assert (await handler.infer(request(), None, ())).cache == "miss"
@@ -91,11 +97,11 @@ async def test_admission_refusal_is_resource_exhausted_and_counted(handler: Gate
 async def test_a_failure_is_counted_with_its_code(handler: GatewayHandler) -> None:
     model: FakeModel = handler.up.model  # type: ignore[assignment]
     model.errors[("m", "")] = InvalidArgument("model 'm': bad input")
-    before = sample("meshserve_gateway_requests_total", pipeline="p", code="INVALID_ARGUMENT", cache="none")
+    before = sample(metrics.REQUESTS, pipeline="p", code="INVALID_ARGUMENT", cache="none")
     with pytest.raises(InvalidArgument):
         await handler.infer(request(), None, ())
     assert handler.statistics()["p"].fail_count == 1
-    after = sample("meshserve_gateway_requests_total", pipeline="p", code="INVALID_ARGUMENT", cache="none")
+    after = sample(metrics.REQUESTS, pipeline="p", code="INVALID_ARGUMENT", cache="none")
     assert after == before + 1
     assert handler.admission.pools["p"].inflight == 0  # the permit went back
 

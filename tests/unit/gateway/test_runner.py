@@ -15,6 +15,14 @@ import pytest
 
 from services.cache.api import CachedValue, L1Cache
 from services.common.errors import MeshserveError, error_with_code
+from services.gateway.degradation import (
+    MODEL_FAILURES,
+    default_answer,
+    feature_failure,
+    first_answer,
+    model_failure,
+    stale_answer,
+)
 from services.gateway.domain import Answer, OutputSpec
 from services.gateway.pipeline import PipelineSpec
 from services.gateway.runner import PipelineRunner
@@ -384,3 +392,56 @@ async def test_a_pipeline_without_features_preprocesses_its_inputs_for_the_model
     assert (x.name, x.shape) == ("x", [1, 2])
     assert np.frombuffer(x.raw, np.float32).tolist() == [0.5, 1.0]
     assert "preprocess" in answer.stages_ms
+
+
+# -- the policy's parts on their own ------------------------------------------------------------------------
+
+
+async def test_first_answer_takes_the_first_remedy_that_answers_in_the_listed_order() -> None:
+    error = error_with_code(grpc.StatusCode.UNAVAILABLE, "model 'm': down")
+    failure = model_failure(error)
+    assert failure is not None and failure.reason == "model_unavailable"
+    tried: list[str] = []
+
+    def remedy(name: str, answers: bool):
+        async def attempt() -> Answer | None:
+            tried.append(name)
+            return Answer([], name, "miss") if answers else None
+
+        return attempt
+
+    available = {"stale_cache": remedy("stale_cache", False), "default": remedy("default", True)}
+    answer = await first_answer(["fallback_model", "stale_cache", "default"], available, failure)
+    assert (answer.model_version, tried) == ("default", ["stale_cache", "default"])
+    with pytest.raises(MeshserveError) as info:
+        await first_answer(["stale_cache"], available, failure)
+    assert info.value is error
+
+
+def test_which_failures_the_policy_answers_for() -> None:
+    assert model_failure(error_with_code(grpc.StatusCode.INVALID_ARGUMENT, "bad")) is None
+    assert model_failure(error_with_code(grpc.StatusCode.FAILED_PRECONDITION, "no")) is None
+    assert set(MODEL_FAILURES.values()) == {
+        "model_unavailable",
+        "model_overloaded",
+        "model_timeout",
+        "model_not_loaded",
+        "model_error",
+    }
+    for code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND):
+        assert feature_failure(error_with_code(code, "feature service: caller's")) is None
+    failure = feature_failure(error_with_code(grpc.StatusCode.RESOURCE_EXHAUSTED, "feature service: busy"))
+    assert failure is not None and failure.reason == "features_unavailable"
+
+
+def test_default_and_stale_answers() -> None:
+    failure = model_failure(error_with_code(grpc.StatusCode.UNAVAILABLE, "model 'm': down"))
+    assert failure is not None
+    known = {"score": OutputSpec("FP32", [1])}
+    assert default_answer(failure, None, ["score"], known, 2) is None  # no default configured
+    assert default_answer(failure, {"score": 1.0}, ["score"], {}, 2) is None  # shapes not known
+    answer = default_answer(failure, {}, ["score"], known, 2)
+    assert answer is not None and scores(answer.outputs[0]) == [0.0, 0.0]  # an output without a value: 0
+    assert stale_answer(failure, None) is None
+    stale = stale_answer(failure, STALE)
+    assert stale is not None and (stale.cache, stale.degraded) == ("stale", "model_unavailable:stale_cache")
