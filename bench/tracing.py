@@ -31,17 +31,26 @@ CONFIGS = {"off": None, "100%": "1.0", "1%": "0.01"}
 def stack_env(service: str, port: int, redis_url: str, sampling: str | None, otlp: str, **extra: str) -> dict[str, str]:
     prefix = f"MESHSERVE_{service.upper()}_"
     env = {
-        f"{prefix}PORT": str(port), f"{prefix}METRICS_PORT": "0", f"{prefix}HOST": "127.0.0.1",
-        "MESHSERVE_REDIS_URL": redis_url, "PYTHONUNBUFFERED": "1", **extra,
-    }  # fmt: skip
+        f"{prefix}PORT": str(port),
+        f"{prefix}METRICS_PORT": "0",
+        f"{prefix}HOST": "127.0.0.1",
+        "MESHSERVE_REDIS_URL": redis_url,
+        "PYTHONUNBUFFERED": "1",
+        **extra,
+    }
     if sampling is None:
         env["OTEL_SDK_DISABLED"] = "true"
     else:
-        env.update({
-            "OTEL_SDK_DISABLED": "false", "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://{otlp}",
-            "OTEL_EXPORTER_OTLP_INSECURE": "true", "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
-            "OTEL_TRACES_SAMPLER_ARG": sampling, "OTEL_SERVICE_NAME": service,
-        })  # fmt: skip
+        env.update(
+            {
+                "OTEL_SDK_DISABLED": "false",
+                "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://{otlp}",
+                "OTEL_EXPORTER_OTLP_INSECURE": "true",
+                "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+                "OTEL_TRACES_SAMPLER_ARG": sampling,
+                "OTEL_SERVICE_NAME": service,
+            }
+        )
     return env
 
 
@@ -60,22 +69,30 @@ def main() -> None:
     gateways: dict[str, str] = {}
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         stack.enter_context(
-            running("traces", [*py, "services.traces"], otlp_port, {
-                "MESHSERVE_TRACES_PORT": str(otlp_port), "MESHSERVE_TRACES_HOST": "127.0.0.1",
-                "MESHSERVE_TRACES_DB": str(Path(tmp) / "traces.sqlite"),
-            })
-        )  # fmt: skip
+            running(
+                "traces",
+                [*py, "services.traces"],
+                otlp_port,
+                {
+                    "MESHSERVE_TRACES_PORT": str(otlp_port),
+                    "MESHSERVE_TRACES_HOST": "127.0.0.1",
+                    "MESHSERVE_TRACES_DB": str(Path(tmp) / "traces.sqlite"),
+                },
+            )
+        )
         for name, sampling in CONFIGS.items():
             ports = {s: free_port() for s in ("model", "feature", "cache", "gateway")}
-            addresses = {f"MESHSERVE_GATEWAY_{s.upper()}_ADDRESS": f"127.0.0.1:{ports[s]}"
-                         for s in ("model", "feature", "cache")}  # fmt: skip
+            addresses = {
+                f"MESHSERVE_GATEWAY_{s.upper()}_ADDRESS": f"127.0.0.1:{ports[s]}" for s in ("model", "feature", "cache")
+            }
             for service in ("model", "feature", "cache", "gateway"):
                 extra = addresses if service == "gateway" else {}
                 if service == "model":
                     extra = {"MESHSERVE_MODEL_PINNED_VERSIONS": '{"fraud_mlp": [1]}', "MESHSERVE_MODEL_WATCH": "false"}
                 env = stack_env(service, ports[service], url, sampling, otlp, **extra)
-                stack.enter_context(running(f"{service} tracing {name}", [*py, f"services.{service}"],
-                                            ports[service], env))  # fmt: skip
+                stack.enter_context(
+                    running(f"{service} tracing {name}", [*py, f"services.{service}"], ports[service], env)
+                )
             gateways[name] = f"127.0.0.1:{ports['gateway']}"
         runs = asyncio.run(measure(gateways, args))
     valkey.stop()
@@ -102,20 +119,40 @@ def report(runs: dict[str, list[Run]], args: argparse.Namespace) -> None:
         loss = 1 - rps[name] / rps["off"]
         target = {"100%": 0.10, "1%": 0.03}.get(name)
         verdict = "" if target is None else ("yes" if loss <= target else "NO")
-        rows.append([name, rps[name], f"{loss:+.1%}" if name != "off" else "-", p50[name], p99[name],
-                     f"{p99[name] / p99['off']:.2f}x", f"<= {target:.0%}" if target else "", verdict])  # fmt: skip
+        rows.append(
+            [
+                name,
+                rps[name],
+                f"{loss:+.1%}" if name != "off" else "-",
+                p50[name],
+                p99[name],
+                f"{p99[name] / p99['off']:.2f}x",
+                f"<= {target:.0%}" if target else "",
+                verdict,
+            ]
+        )
         slug = name.replace("%", "pct")
         figures += [
             figure(f"tracing.{slug}.throughput", round(rps[name], 1), "req/s", command=COMMAND),
             figure(f"tracing.{slug}.p99", round(p99[name], 3), "ms", command=COMMAND),
         ]
         if name != "off":
-            figures.append(figure(f"tracing.{slug}.throughput_loss", round(loss, 4), "ratio",
-                                  "the same stack with tracing off, rounds interleaved", COMMAND))  # fmt: skip
-    title = (f"tracing overhead: fraud pipeline, all-miss stream, concurrency {args.concurrency}, "
-             f"median of {args.rounds} interleaved rounds of {args.seconds:.0f} s")  # fmt: skip
-    print_table(["sampling", "req/s", "throughput lost", "p50 ms", "p99 ms", "p99 vs off", "target", "met"], rows,
-                title)  # fmt: skip
+            figures.append(
+                figure(
+                    f"tracing.{slug}.throughput_loss",
+                    round(loss, 4),
+                    "ratio",
+                    "the same stack with tracing off, rounds interleaved",
+                    COMMAND,
+                )
+            )
+    title = (
+        f"tracing overhead: fraud pipeline, all-miss stream, concurrency {args.concurrency}, "
+        f"median of {args.rounds} interleaved rounds of {args.seconds:.0f} s"
+    )
+    print_table(
+        ["sampling", "req/s", "throughput lost", "p50 ms", "p99 ms", "p99 vs off", "target", "met"], rows, title
+    )
     print(f"\nrecorded in {record(figures)}")
 
 

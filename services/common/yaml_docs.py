@@ -9,8 +9,13 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from services.common import validation
+
 M = TypeVar("M", bound=BaseModel)
 Loc = tuple[int | str, ...]
+# A key the schema does not have, in pydantic's own words (which the pipeline and feature-set errors have always
+# shown): the line number already points at the key.
+UNKNOWN_KEY = "Extra inputs are not permitted"
 
 
 class DocumentError(ValueError):
@@ -47,15 +52,18 @@ def key_node(root: yaml.Node | None, loc: Loc) -> yaml.Node | None:
     return parent
 
 
-def field_path(loc: Loc, union_tags: Collection[str] = ()) -> str:
-    """`features[7].window` from a pydantic location (union tags pydantic puts after an index are skipped)."""
-    text = ""
+def document_path(loc: Loc, union_tags: Collection[str] = ()) -> str:
+    """`features[7].window` from a pydantic location: indexes as `[i]` on their list, union tags that pydantic puts
+    after an index skipped, the rest joined by `validation.field_path` (`<root>` for the document itself)."""
+    parts: list[str] = []
     for part in loc:
-        if isinstance(part, int):
-            text += f"[{part}]"
-        elif not (text.endswith("]") and part in union_tags):
-            text += ("." if text else "") + part
-    return text or "(top level)"
+        if isinstance(part, int) and parts:
+            parts[-1] += f"[{part}]"
+        elif isinstance(part, int):
+            parts.append(f"[{part}]")
+        elif not (parts and parts[-1].endswith("]") and part in union_tags):
+            parts.append(part)
+    return validation.field_path(parts)
 
 
 def located_error(
@@ -68,7 +76,7 @@ def located_error(
 ) -> DocumentError:
     node = key_node(root, loc)
     line = node.start_mark.line + 1 if node is not None else 1
-    return error(f"{path}:{line}: {field_path(loc, union_tags)}: {message}")
+    return error(f"{path}:{line}: {document_path(loc, union_tags)}: {message}")
 
 
 def parse_yaml(path: Path, error: type[DocumentError] = DocumentError) -> tuple[Any, yaml.Node | None]:
@@ -85,11 +93,24 @@ def parse_yaml(path: Path, error: type[DocumentError] = DocumentError) -> tuple[
         raise error(f"{path}:{line}: (yaml): {exc}") from exc
 
 
-def load_document(path: Path, model: type[M], error: type[DocumentError] = DocumentError) -> tuple[M, yaml.Node | None]:
+def invalid_document(
+    path: Path,
+    root: yaml.Node | None,
+    exc: ValidationError,
+    error: type[DocumentError] = DocumentError,
+    union_tags: Collection[str] = (),
+) -> DocumentError:
+    """The first problem of a validation error (as `validation.problems` words it) at its file and line."""
+    loc, message = validation.problems(exc, UNKNOWN_KEY)[0]
+    return located_error(path, root, loc, message, error, union_tags)
+
+
+def load_document(
+    path: Path, model: type[M], error: type[DocumentError] = DocumentError, union_tags: Collection[str] = ()
+) -> tuple[M, yaml.Node | None]:
     """Parse and validate one YAML document as `model`; the first problem is raised with its location."""
     data, root = parse_yaml(path, error)
     try:
         return model.model_validate(data), root
     except ValidationError as exc:
-        first = exc.errors()[0]
-        raise located_error(path, root, tuple(first["loc"]), first["msg"], error) from exc
+        raise invalid_document(path, root, exc, error, union_tags) from exc

@@ -10,7 +10,7 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 
 from services.common.logs import setup_logging
 from services.common.server import GrpcService
-from services.traces.receiver import SERVICE_NAME, TraceReceiver
+from services.traces.servicer import SERVICE_NAME, TracesServicer
 from services.traces.settings import TracesSettings
 from services.traces.writer import SpanWriter
 
@@ -23,7 +23,7 @@ async def serve(settings: TracesSettings) -> None:
     )
     writer.start()
     service = GrpcService("traces", settings, [SERVICE_NAME])
-    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(TraceReceiver(writer), service.server)
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(TracesServicer(writer), service.server)
 
     async def on_start() -> None:
         log.info("keeping up to %d spans in %s", settings.max_spans, settings.db)

@@ -37,6 +37,7 @@ CREATE TABLE IF NOT EXISTS traces (
 CREATE INDEX IF NOT EXISTS traces_by_start ON traces (start_ns);
 CREATE INDEX IF NOT EXISTS traces_by_update ON traces (updated_ns);
 """
+SPAN_COLUMNS = "trace_id, span_id, parent_span_id, service, name, kind, start_ns, end_ns, status, attributes"
 DEFAULT_DB = Path(".logs/traces.sqlite")
 LOW_WATERMARK = 0.9  # evicting by count goes down to this fraction of max_spans, so it does not run on every write
 RECOUNT_S = 1.0  # how often the span count is read back even when this connection's estimate is under the bound
@@ -96,14 +97,12 @@ class TraceStore:
         if not records:
             return 0
         now_ns = time.time_ns() if now_ns is None else now_ns
-        rows = [
-            (r.trace_id, r.span_id, r.parent_span_id, r.service, r.name, r.kind, r.start_ns, r.end_ns, r.status,
-             json.dumps(r.attributes, separators=(",", ":"), default=str))
-            for r in records
-        ]  # fmt: skip
+        rows = [_row(r) for r in records]
         trace_ids = sorted({r.trace_id for r in records})
         with self._transaction():
-            cursor = self.db.executemany("INSERT OR IGNORE INTO spans VALUES (?,?,?,?,?,?,?,?,?,?)", rows)
+            cursor = self.db.executemany(
+                f"INSERT OR IGNORE INTO spans ({SPAN_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?)", rows
+            )
             added = max(0, cursor.rowcount)
             for chunk in _chunks(trace_ids, 500):
                 marks = ",".join("?" * len(chunk))
@@ -201,9 +200,10 @@ class TraceStore:
         out: list[SpanRecord] = []
         for chunk in _chunks(list(trace_ids), 500):
             marks = ",".join("?" * len(chunk))
-            for row in self.db.execute(f"SELECT * FROM spans WHERE trace_id IN ({marks})", chunk):
-                *fields, attributes = row
-                out.append(SpanRecord(*fields, attributes=json.loads(attributes)))
+            rows = self.db.execute(f"SELECT {SPAN_COLUMNS} FROM spans WHERE trace_id IN ({marks})", chunk)
+            for row in rows:
+                columns: tuple[str, str, str, str, str, int, int, int, int] = row[:-1]
+                out.append(SpanRecord(*columns, attributes=json.loads(row[-1])))
         return out
 
 
@@ -218,6 +218,23 @@ class _Transaction:
 
     def __exit__(self, exc_type: object, *_: object) -> None:
         self.db.execute("ROLLBACK" if exc_type is not None else "COMMIT")
+
+
+def _row(s: SpanRecord) -> tuple[str, str, str, str, str, int, int, int, int, str]:
+    """A span as the values of SPAN_COLUMNS (attributes as compact JSON)."""
+    attributes = json.dumps(s.attributes, separators=(",", ":"), default=str)
+    return (
+        s.trace_id,
+        s.span_id,
+        s.parent_span_id,
+        s.service,
+        s.name,
+        s.kind,
+        s.start_ns,
+        s.end_ns,
+        s.status,
+        attributes,
+    )
 
 
 def _chunks(items: list[str], size: int) -> Iterable[list[str]]:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
-from services.traces.otlp import records_from_request, span_count
+from services.traces.converters import records_from_request, span_count
 from services.traces.records import SpanRecord
 from services.traces.store import TraceStore
 

@@ -19,8 +19,12 @@ SERVICE = "test.Echo"
 
 async def echo(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
     kind = request.decode()
-    errors = {"bad": InvalidArgument("bad input: field x"), "missing": NotFound("no such model"),
-              "busy": ResourceExhausted("shed"), "draining": Unavailable("draining")}  # fmt: skip
+    errors = {
+        "bad": InvalidArgument("bad input: field x"),
+        "missing": NotFound("no such model"),
+        "busy": ResourceExhausted("shed"),
+        "draining": Unavailable("draining"),
+    }
     if kind in errors:
         raise errors[kind]
     if kind == "boom":
@@ -70,10 +74,11 @@ async def test_health_tells_the_truth_and_drain_finishes_inflight(service: GrpcS
         assert (await health.Check(check(service=SERVICE))).status == health_pb2.HealthCheckResponse.NOT_SERVING
         await service.set_serving(True)
         assert (await health.Check(check(service=""))).status == health_pb2.HealthCheckResponse.SERVING
+        assert service.lifecycle.live and service.lifecycle.ready
         inflight = asyncio.ensure_future(call(channel)(b"slow", timeout=5))
         await asyncio.sleep(0.1)
         service.request_stop()
-        assert not service.lifecycle.ready
+        assert not service.lifecycle.ready and not service.lifecycle.live
         drain = asyncio.ensure_future(service.drain())
         await asyncio.sleep(0.05)
         assert await inflight == b"slow"

@@ -49,8 +49,15 @@ def pipeline(
     base = base_ns + n * 1000 * MS
     out: list[SpanRecord] = []
 
-    def add(parent: SpanRecord | None, service: str, name: str, a: float, b: float, kind: int = KIND_INTERNAL,
-            **attrs: object) -> SpanRecord:  # fmt: skip
+    def add(
+        parent: SpanRecord | None,
+        service: str,
+        name: str,
+        a: float,
+        b: float,
+        kind: int = KIND_INTERNAL,
+        **attrs: object,
+    ) -> SpanRecord:
         s = span(t, parent.span_id if parent else "", service, name, a, b, kind, base_ns=base, **attrs)
         out.append(s)
         return s

@@ -10,7 +10,7 @@ from services.traces.writer import SpanWriter
 SERVICE_NAME = trace_service_pb2.DESCRIPTOR.services_by_name["TraceService"].full_name
 
 
-class TraceReceiver(trace_service_pb2_grpc.TraceServiceServicer):
+class TracesServicer(trace_service_pb2_grpc.TraceServiceServicer):
     """Accepts spans; when the write queue is full the request's spans are reported in partial_success."""
 
     def __init__(self, writer: SpanWriter) -> None:
