@@ -4,6 +4,22 @@ It covers all four RPC kinds. A streaming handler written as an async generator 
 `context.write`, so that the stream's whole life (including a client's cancellation, which arrives as a
 CancelledError or a failed write in this coroutine) is one frame that maps errors, observes metrics and ends
 its span.
+
+Why not opentelemetry-instrumentation-grpc (0.66b2, `aio_server_interceptor()` / `GrpcAioInstrumentorServer`):
+it maps no errors and counts nothing, so this interceptor would still run beside it, and then
+* it breaks streams: its aio stream wrapper iterates the handler with `async for`, so any stream written with
+  `context.write` fails with UNKNOWN (TypeError), grpc's own aio health Watch included unless filtered out, and
+  so does every stream once this interceptor has adapted it; placed inside this one instead, streams work but
+  the span ends before the status is set (a failed RPC's span keeps status code 0, OK) and the latency
+  histograms lose their trace exemplars;
+* it costs more: it re-wraps the handler and proxies the context on every call and has no unsampled fast path.
+  `python -m bench.interceptor_overhead` run by a Python that has the library (in-process grpc.aio server and
+  client on loopback, 15 alternated rounds, CPU of the process per call, paired within rounds; 2026-12-03 on
+  the shared 2-core machine, the library given a plain prefix filter for health and reflection, its own
+  filters costing as much again):
+  unary call, unsampled traceparent: this one +29 µs over no interceptor, library + this one untraced +141 µs
+  (1.36x the CPU per call); sampled: +155 µs against +200 µs (1.09x); 10-message stream with the library
+  inside: unsampled +71 µs against +238 µs (1.17x), sampled +212 µs against +257 µs (1.06x).
 """
 
 from __future__ import annotations

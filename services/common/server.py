@@ -73,11 +73,8 @@ class GrpcService:
         self.service_names = list(service_names)
         self.lifecycle = Lifecycle()
         self.tracer_provider = setup_tracing(name)
-        # One interceptor: tracing outermost (the server span is current while errors are mapped and latency is
-        # observed, so latency histograms carry the trace id as an exemplar), then errors and metrics.
-        interceptors: list[grpc.aio.ServerInterceptor] = [ErrorAndMetricsInterceptor(name, self.tracer_provider)]
         self.server = grpc.aio.server(
-            interceptors=interceptors,
+            interceptors=[ErrorAndMetricsInterceptor(name, self.tracer_provider)],
             options=server_options(settings),
             maximum_concurrent_rpcs=settings.max_concurrent_rpcs,
         )
