@@ -18,6 +18,7 @@ log = logging.getLogger("services.traces")
 
 
 async def serve(settings: TracesSettings) -> None:
+    """Start the writer and the OTLP/gRPC server; at SIGTERM drain, then write what is queued and stop."""
     writer = SpanWriter(
         settings.db, settings.max_spans, settings.max_age_s, settings.batch_max_spans, settings.queue_max_spans
     )
