@@ -17,7 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from services.common import validation
-from services.common.yaml_docs import DocumentError, located_error, parse_yaml
+from services.common.yaml_docs import UNKNOWN_KEY, DocumentError, located_error, parse_yaml
 
 InputType = Literal["string", "int64", "double", "bool"]
 NUMERIC: tuple[str, ...] = ("int64", "double", "bool")
@@ -302,7 +302,7 @@ def load_spec(path: Path) -> FeatureSetSpec:
     try:
         spec = FeatureSetSpec.model_validate(data)
     except ValidationError as exc:
-        loc, message = validation.problems(exc)[0]
+        loc, message = validation.problems(exc, UNKNOWN_KEY)[0]  # worded as every YAML document's errors
         if exc.errors()[0]["type"] in ("union_tag_invalid", "union_tag_not_found"):
             loc += ("kind",)  # point at the kind key (or, when it is missing, the feature)
         raise _error(path, root, loc, message) from exc

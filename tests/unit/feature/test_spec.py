@@ -74,7 +74,7 @@ def test_good_file_loads(tmp_path: Path) -> None:
     [
         ("    window: 1m\n", "    window: 1 minute\n", "window: 1 minute", "features[2].window", "duration"),
         ("    bucket: 10s\n", "    bucket: 7s\n", "bucket: 7s", "features[2].bucket", "does not divide"),
-        ("    input: amount\n", "    input: amount\n    extra: 1\n", "extra: 1", "features[0].extra", "unknown field"),
+        ("    input: amount\n", "    input: amount\n    extra: 1\n", "extra: 1", "features[0].extra", "not permitted"),
         ("    input: amount\n", "    input: amont\n", "input: amont", "features[0].input", "unknown input 'amont'"),
         ("    kind: log\n", "    kind: square\n", "kind: square", "features[0].kind", "square"),
         ("  amount: double\n", "  amount: float\n", "amount: float", "inputs.amount", "double"),
