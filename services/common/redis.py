@@ -8,8 +8,8 @@ service serves defaults); a retry would only spend the budget on a server that j
 from __future__ import annotations
 
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.retry import Retry
 
 CONNECT_TIMEOUT_S = 0.5  # a Redis that does not accept within this is down for this request
 POOL_WAIT_S = 1.0  # how long a caller waits for a free connection before the call fails

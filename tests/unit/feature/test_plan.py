@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from services.feature.featureset import load_feature_sets
 from services.feature.settings import ROOT
-from services.feature.store import BAND, AggregatePlan, BucketGroup, DistinctGroup
+from services.feature.store import BAND, BucketGroup, DistinctGroup
 from services.feature.store.layout import (
     LAST_SEEN_KEEP,
     MAX_BANDS,
@@ -20,6 +20,7 @@ from services.feature.store.layout import (
     last_seen_head,
     score,
 )
+from services.feature.store.plan import AggregatePlan
 from tests.unit.feature.specs import agg_plan, spec_of
 
 BASE = key_base("meshserve:feature:", "agg_v1")
