@@ -11,25 +11,11 @@ import pytest
 
 from services.cache.handler import CacheHandler
 from services.cache.servicer import SERVICE_NAME, CacheServicer
-from services.cache.settings import CacheSettings
 from services.common.server import GrpcService
 from services.protos import cache_pb2_grpc
+from tests.helpers.fixtures import cache_settings
 from tests.helpers.inprocess import serving_in_process
 from tests.helpers.servers import free_port
-
-
-def cache_settings(**overrides: Any) -> CacheSettings:
-    """Test settings: loopback, no metrics port, a budget generous enough for a loaded 2-core machine."""
-    base: dict[str, Any] = {
-        "host": "127.0.0.1",
-        "port": 0,
-        "metrics_port": 0,
-        "lookup_budget_ms": 1000.0,
-        "store_timeout_ms": 2000.0,
-        "circuit_failures": 3,
-        "circuit_probe_interval_s": 0.1,
-    }
-    return CacheSettings(**{**base, **overrides})
 
 
 @pytest.fixture()

@@ -10,7 +10,7 @@ import pytest
 from services.cache.__main__ import wire
 from services.cache.client import CacheClient
 from services.cache.settings import CacheSettings
-from tests.unit.cache.conftest import cache_settings
+from tests.helpers.fixtures import cache_settings
 
 
 async def test_wire_serves_the_cache_and_a_stop_drains_its_watchers(refused_redis_url: str) -> None:

@@ -8,7 +8,7 @@ from services.feature import converters
 from services.feature.featureset import Features, load_feature_sets
 from services.feature.settings import ROOT
 from services.protos import feature_pb2 as pb
-from tests.unit.feature.conftest import fraud_row
+from tests.helpers.fixtures import fraud_row
 
 
 def test_values_keep_their_kind() -> None:

@@ -14,7 +14,7 @@ from services.feature.converters import row_to_pb
 from services.feature.settings import FeatureSettings
 from services.protos import feature_pb2 as pb
 from services.protos import feature_pb2_grpc as pb_grpc
-from tests.unit.feature.conftest import fraud_row
+from tests.helpers.fixtures import fraud_row
 
 
 def counter(metric: object, *labels: str) -> float:

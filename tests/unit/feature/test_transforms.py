@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from services.feature import transforms as tf
-from tests.unit.feature.conftest import T0
+from tests.helpers.fixtures import T0
 
 
 def test_cyclic_positions_in_day_and_week() -> None:

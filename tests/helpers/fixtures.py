@@ -1,0 +1,47 @@
+"""Test settings and inputs shared by the in-process and the real-Valkey tests of the cache and feature services."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from services.cache.settings import CacheSettings
+from services.feature.settings import FeatureSettings
+
+T0 = 1_700_000_000  # a Tuesday, 22:13:20 UTC
+
+
+def feature_settings(**overrides: Any) -> FeatureSettings:
+    """Test settings: loopback, no metrics port, a budget generous enough for a loaded 2-core machine."""
+    base: dict[str, Any] = {"host": "127.0.0.1", "port": 0, "metrics_port": 0, "lookup_budget_ms": 2000.0}
+    return FeatureSettings(**{**base, **overrides})
+
+
+def fraud_row(**overrides: Any) -> dict[str, Any]:
+    """A complete fraud_v1 row."""
+    row = {
+        "event_time": T0,
+        "user_id": "u1",
+        "merchant_id": "m1",
+        "device_id": "d1",
+        "amount": 120.5,
+        "country": "us",
+        "channel": "web",
+        "mcc": "5411",
+        "card_present": True,
+        "account_age_days": 400.0,
+    }
+    return {**row, **overrides}
+
+
+def cache_settings(**overrides: Any) -> CacheSettings:
+    """Test settings: loopback, no metrics port, a budget generous enough for a loaded 2-core machine."""
+    base: dict[str, Any] = {
+        "host": "127.0.0.1",
+        "port": 0,
+        "metrics_port": 0,
+        "lookup_budget_ms": 1000.0,
+        "store_timeout_ms": 2000.0,
+        "circuit_failures": 3,
+        "circuit_probe_interval_s": 0.1,
+    }
+    return CacheSettings(**{**base, **overrides})
