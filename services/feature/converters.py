@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 
 from services.feature.featureset import Features, FeatureSet, Scalar
 from services.protos import feature_pb2 as pb
@@ -20,22 +20,6 @@ def rows_from_pb(rows: Iterable[pb.Row]) -> list[dict[str, Scalar | None]]:
             fields[name] = None if kind is None else getattr(value, kind)
         out.append(fields)
     return out
-
-
-def value_to_pb(value: Scalar) -> pb.Value:
-    """One typed value (bool before int: a bool is an int in Python)."""
-    if isinstance(value, bool):
-        return pb.Value(bool_value=value)
-    if isinstance(value, int):
-        return pb.Value(int64_value=value)
-    if isinstance(value, float):
-        return pb.Value(double_value=value)
-    return pb.Value(string_value=value)
-
-
-def row_to_pb(row: Mapping[str, Scalar]) -> pb.Row:
-    """A row (or event) for a request: what clients and tests send."""
-    return pb.Row(fields={k: value_to_pb(v) for k, v in row.items()})
 
 
 def compute_response_to_pb(fs: FeatureSet, result: Features) -> pb.ComputeResponse:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from services.feature import converters
+from services.feature.api import to_row
 from services.feature.featureset import Features, load_feature_sets
 from services.feature.settings import ROOT
 from services.protos import feature_pb2 as pb
@@ -12,12 +13,14 @@ from tests.helpers.fixtures import fraud_row
 
 
 def test_values_keep_their_kind() -> None:
-    assert converters.value_to_pb(True).WhichOneof("kind") == "bool_value"  # a bool is not an int64
-    assert converters.value_to_pb(7).int64_value == 7
-    assert converters.value_to_pb(2.5).double_value == 2.5
-    assert converters.value_to_pb("x").string_value == "x"
+    """A client's row (services.feature.api.to_row) reads back as the same typed values."""
+    fields = to_row({"b": True, "i": 7, "f": 2.5, "s": "x"}).fields
+    assert fields["b"].WhichOneof("kind") == "bool_value"  # a bool is not an int64
+    assert fields["i"].int64_value == 7
+    assert fields["f"].double_value == 2.5
+    assert fields["s"].string_value == "x"
     row = fraud_row()
-    [back] = converters.rows_from_pb([converters.row_to_pb(row)])
+    [back] = converters.rows_from_pb([to_row(row)])
     assert back == row and {k: type(v) for k, v in back.items()} == {k: type(v) for k, v in row.items()}
 
 

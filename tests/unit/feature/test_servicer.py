@@ -10,7 +10,7 @@ import pytest
 
 from services.feature import metrics
 from services.feature.__main__ import build
-from services.feature.converters import row_to_pb
+from services.feature.api import to_row
 from services.feature.settings import FeatureSettings
 from services.protos import feature_pb2 as pb
 from services.protos import feature_pb2_grpc as pb_grpc
@@ -38,13 +38,13 @@ async def test_served_without_redis(refused_url: str) -> None:
             info = await stub.GetFeatureSet(pb.GetFeatureSetRequest(feature_set="fraud_v1"), timeout=5)
             assert len(info.features) == 64
             names = [f.name for f in info.features]
-            rows = [row_to_pb(fraud_row()), row_to_pb(fraud_row(amount=0.0))]
+            rows = [to_row(fraud_row()), to_row(fraud_row(amount=0.0))]
             reply = await stub.Compute(pb.ComputeRequest(feature_set="fraud_v1", rows=rows), timeout=5)
             matrix = np.frombuffer(reply.features, dtype="<f4").reshape(reply.rows, reply.columns)
             assert [(f.defaulted, f.degraded) for f in reply.flags] == [(True, True)] * 2
             assert matrix[:, names.index("amount_log")].tolist() == pytest.approx([np.log1p(120.5), 0.0])
             assert matrix[0, names.index("user_count_24h")] == 0  # the declared default
-            events = [row_to_pb(fraud_row())]
+            events = [to_row(fraud_row())]
             with pytest.raises(grpc.aio.AioRpcError) as err:
                 await stub.Ingest(pb.IngestRequest(feature_set="fraud_v1", events=events), timeout=5)
             assert err.value.code() == grpc.StatusCode.UNAVAILABLE

@@ -18,26 +18,9 @@ from services.feature.featureset import load_feature_sets
 from services.feature.handler import FeatureHandler
 from services.feature.spec import Aggregate, parse_duration
 from services.feature.store import BAND
-from tests.helpers.fixtures import feature_settings
+from tests.helpers.fixtures import AGG_YAML, feature_settings
 
 BASE = 1_700_000_003  # not aligned to any bucket
-AGG_YAML = """\
-name: agg
-version: 1
-timestamp_field: ts
-inputs: {ts: int64, user: string, merchant: string, amount: double}
-entities: {user: user, merchant: merchant}
-features:
-  - {name: u_count_1m, kind: aggregate, entity: user, op: count, window: 1m, bucket: 10s}
-  - {name: u_count_5m, kind: aggregate, entity: user, op: count, window: 5m, bucket: 1m}
-  - {name: u_sum_5m, kind: aggregate, entity: user, op: sum, field: amount, window: 5m, bucket: 1m}
-  - {name: u_mean_5m, kind: aggregate, entity: user, op: mean, field: amount, window: 5m, bucket: 1m, default: -1}
-  - {name: u_max_1m, kind: aggregate, entity: user, op: max, field: amount, window: 1m, bucket: 10s, default: -7}
-  - {name: u_merchants_5m, kind: aggregate, entity: user, op: distinct, field: merchant, window: 5m, bucket: 1m}
-  - {name: u_since_last, kind: aggregate, entity: user, op: since_last, default: -1}
-  - {name: m_count_2m, kind: aggregate, entity: merchant, op: count, window: 2m}
-  - {name: m_max_2m, kind: aggregate, entity: merchant, op: max, field: amount, window: 2m, default: 0}
-"""
 
 
 @dataclass(frozen=True)

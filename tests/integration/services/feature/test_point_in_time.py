@@ -13,7 +13,7 @@ from models import transactions
 from models.feature_replay import replay
 from models.fraud_mlp import FEATURE_SET, SEED
 from services.common.server import GrpcService
-from services.feature.converters import row_to_pb
+from services.feature.api import to_row
 from services.feature.handler import FeatureHandler
 from services.protos import feature_pb2 as pb
 from services.protos import feature_pb2_grpc as pb_grpc
@@ -74,7 +74,7 @@ async def test_training_features_equal_serving_features_of_replayed_events(
             await _ingest(serving, stream.rows[ingested:i])
             ingested = i
             row = stream.rows[i]
-            reply = await stub.Compute(pb.ComputeRequest(feature_set=FEATURE_SET, rows=[row_to_pb(row)]), timeout=30)
+            reply = await stub.Compute(pb.ComputeRequest(feature_set=FEATURE_SET, rows=[to_row(row)]), timeout=30)
             over_grpc = np.frombuffer(reply.features, dtype="<f4").reshape(1, 64)[0]
             assert not reply.flags[0].degraded
             in_process = (await serving.compute(FEATURE_SET, [row])).matrix[0]

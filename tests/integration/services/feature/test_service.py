@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from services.common.server import GrpcService
-from services.feature.converters import row_to_pb
+from services.feature.api import to_row
 from services.protos import feature_pb2 as pb
 from services.protos import feature_pb2_grpc as pb_grpc
 from tests.helpers.fixtures import T0, fraud_row
@@ -30,11 +30,11 @@ async def test_compute_ingest_and_metadata_over_grpc(feature_server: GrpcService
         assert len(info.features) == 64 and {f.dtype for f in info.features} == {"FP32"}
         assert {i.name: i.type for i in info.inputs}["event_time"] == "int64"
 
-        events = [row_to_pb(fraud_row(event_time=T0 - 16000 - 600 * i, amount=10.0 * i)) for i in range(1, 6)]
+        events = [to_row(fraud_row(event_time=T0 - 16000 - 600 * i, amount=10.0 * i)) for i in range(1, 6)]
         ingested = await stub.Ingest(pb.IngestRequest(feature_set="fraud_v1", events=events), timeout=5)
         assert ingested.ingested == 5
 
-        rows = [row_to_pb(fraud_row()), row_to_pb(fraud_row(user_id="new"))]
+        rows = [to_row(fraud_row()), to_row(fraud_row(user_id="new"))]
         reply = await stub.Compute(pb.ComputeRequest(feature_set="fraud_v1", rows=rows), timeout=5)
         assert (reply.feature_set, reply.rows, reply.columns) == ("fraud_v1", 2, 64)
         assert list(reply.feature_names) == [f.name for f in info.features]
@@ -48,8 +48,8 @@ async def test_compute_ingest_and_metadata_over_grpc(feature_server: GrpcService
 
 
 async def test_bad_requests_map_to_status_codes(feature_server: GrpcService) -> None:
-    good = row_to_pb(fraud_row())
-    mistyped = row_to_pb(fraud_row(amount="lots"))
+    good = to_row(fraud_row())
+    mistyped = to_row(fraud_row(amount="lots"))
     empty_value = pb.Row(fields={**good.fields, "amount": pb.Value()})
     bad = [
         (
@@ -88,9 +88,9 @@ def test_process_with_embedded_valkey(tmp_path: Path) -> None:
     with feature_service(tmp_path) as service:
         with grpc.insecure_channel(service.address) as channel:
             stub = pb_grpc.FeatureServiceStub(channel)
-            events = [row_to_pb(fraud_row(event_time=T0 - 5000))]
+            events = [to_row(fraud_row(event_time=T0 - 5000))]
             assert stub.Ingest(pb.IngestRequest(feature_set="fraud_v1", events=events), timeout=5).ingested == 1
-            rows = [row_to_pb(fraud_row()) for _ in range(3)]
+            rows = [to_row(fraud_row()) for _ in range(3)]
             reply = stub.Compute(pb.ComputeRequest(feature_set="fraud_v1", rows=rows), timeout=5)
             assert reply.rows == 3 and not any(f.degraded for f in reply.flags)
         url = f"http://127.0.0.1:{service.metrics_port}/metrics"
