@@ -31,6 +31,7 @@ class ModelService:
             drain_timeout_s=settings.grace_period_s,
             pinned_versions=settings.pinned_versions,
             fault_delay_ms=settings.fault_delay_ms,
+            inline_max_forward_us=settings.inline_max_forward_us,
         )
         self.handler = ModelHandler(self.manager, self.server.lifecycle)
         inference_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(ModelServicer(self.handler), self.server.server)

@@ -1,5 +1,11 @@
 """Per model-version schedulers: a dynamic batcher that gathers concurrent requests into one forward pass,
-and a direct runner for models without batching. Compute always runs on the version's worker threads.
+and a direct runner for models without batching; each runs its forwards inline or on the version's workers.
+
+Where compute runs is the version's `Execution`. Inline, a forward runs on the event loop itself: a short
+forward costs less than the two cross-thread wake-ups and the GIL handoff a worker thread needs. The batcher
+then gathers, without a timer, every request submitted since its last batch (the handlers that ran in the same
+loop iteration) and runs them as one batch in the next iteration. On worker threads (long forwards, whose
+compute releases the GIL), a batch's results come back in one wake-up of the loop, not one per request.
 
 The dynamic batcher is work-conserving: when an execution slot is free it dispatches what is queued at
 once, so a lone request on an idle model never waits for company. `max_queue_delay_us` only applies
@@ -11,6 +17,7 @@ gathered into the next one.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from abc import ABC, abstractmethod
 from collections import deque
@@ -21,12 +28,36 @@ import numpy as np
 from opentelemetry.context import Context
 
 from services.common.errors import DeadlineExceeded, Internal, ResourceExhausted, Unavailable
+from services.common.loop_idle import loop_idle
 from services.model import spans
 from services.model.backends.base import LoadedModel
 from services.model.config import DynamicBatching
 from services.model.stats import VersionStats
 
+log = logging.getLogger(__name__)
+
 Outputs = dict[str, np.ndarray]
+_Result = tuple[Outputs, int, int]  # outputs, input gather ns, forward ns
+
+
+@dataclass(frozen=True, slots=True)
+class Execution:
+    """Where a version's forward passes run: on the event loop (`inline`) or on its worker threads.
+
+    `demote_above_ns` is set when the choice was automatic: once inline forwards take longer than that on
+    average, the version moves to its worker threads for good (a slow model never keeps the loop).
+    """
+
+    inline: bool
+    demote_above_ns: int | None = None
+
+    @property
+    def name(self) -> str:
+        return "inline" if self.inline else "thread"
+
+
+THREAD = Execution(inline=False)
+_EWMA_WEIGHT = 0.1  # the recent forwards that judge whether an automatically inline version stays inline
 
 
 @dataclass(slots=True)
@@ -43,6 +74,37 @@ def _shape_key(inputs: dict[str, np.ndarray]) -> tuple[tuple[int, ...], ...]:
     return tuple(a.shape[1:] for a in inputs.values())
 
 
+def _forward_error(exc: BaseException) -> Exception:
+    return exc if isinstance(exc, DeadlineExceeded) else Internal(f"model forward failed: {exc!r}")
+
+
+class _InlineWatch:
+    """Keeps an automatically inline version inline only while its forwards stay short."""
+
+    def __init__(self, execution: Execution, stats: VersionStats) -> None:
+        self.inline = execution.inline
+        self._limit_ns = execution.demote_above_ns
+        self._stats = stats
+        self._average_ns = 0.0
+
+    def observe(self, forward_ns: int) -> None:
+        if self._limit_ns is None:
+            return
+        self._average_ns = (
+            forward_ns if self._average_ns == 0 else (self._average_ns + _EWMA_WEIGHT * (forward_ns - self._average_ns))
+        )
+        if self._average_ns > self._limit_ns:
+            self.inline = False
+            log.warning(
+                "%s v%d: inline forwards average %.0f us, over the %.0f us limit; running on worker threads from now",
+                self._stats.model,
+                self._stats.version,
+                self._average_ns / 1e3,
+                self._limit_ns / 1e3,
+            )
+            self._limit_ns = None
+
+
 class Scheduler(ABC):
     """Common interface: submit a request's inputs, get its outputs; close when the version retires."""
 
@@ -53,6 +115,11 @@ class Scheduler(ABC):
     @abstractmethod
     def close(self) -> None:
         """Refuse new requests from now on."""
+
+    @property
+    @abstractmethod
+    def execution(self) -> str:
+        """Where forwards run now: "inline" or "thread"."""
 
 
 class DynamicBatcher(Scheduler):
@@ -66,12 +133,14 @@ class DynamicBatcher(Scheduler):
         max_batch_size: int,
         settings: DynamicBatching,
         stats: VersionStats,
+        execution: Execution = THREAD,
     ) -> None:
         self._loop = asyncio.get_running_loop()
         self._model = model
         self._executor = executor
         self._instances = instances
         self._stats = stats
+        self._watch = _InlineWatch(execution, stats)
         self._allowed = sorted(settings.allowed_batch_sizes)
         self._preferred = sorted(settings.preferred_batch_sizes)
         self._limit = min(max_batch_size, self._allowed[-1]) if self._allowed else max_batch_size
@@ -82,6 +151,10 @@ class DynamicBatcher(Scheduler):
         self._queued_rows = 0
         self._busy = 0
         self._timer: asyncio.TimerHandle | None = None
+        self._flush_pending = False
+        self._flush_timer: asyncio.TimerHandle | None = None
+        self._idle = loop_idle(self._loop)
+        self._batch_ns = 0  # when the last inline batch finished
         self._closed = False
 
     @property
@@ -92,6 +165,10 @@ class DynamicBatcher(Scheduler):
     @property
     def queue_length(self) -> int:
         return len(self._queue)
+
+    @property
+    def execution(self) -> str:
+        return "inline" if self._watch.inline else "thread"
 
     def submit(self, inputs: dict[str, np.ndarray], rows: int, deadline: float | None) -> asyncio.Future[Outputs]:
         if self._closed:
@@ -104,14 +181,64 @@ class DynamicBatcher(Scheduler):
         future: asyncio.Future[Outputs] = self._loop.create_future()
         self._queue.append(_Request(inputs, rows, future, deadline, time.perf_counter_ns(), spans.capture()))
         self._queued_rows += rows
-        self._schedule()
+        if not self._watch.inline:
+            self._schedule()
+        else:
+            self._gather()
         return future
+
+    def _gather(self) -> None:
+        """Inline: run what is queued in the next loop iteration, or, while the loop has a backlog (it has not
+        waited for I/O since the last batch ran), wait up to max_queue_delay_us for company."""
+        if self._flush_pending:
+            return
+        if self._flush_timer is not None:
+            if self._queued_rows < self._target:
+                return
+            self._flush_timer.cancel()
+            self._flush_timer = None
+        elif (
+            self._delay_s > 0
+            and self._queued_rows < self._target
+            and self._batch_ns
+            and not self._idle.idle_since(self._batch_ns)
+        ):
+            self._flush_timer = self._loop.call_later(self._delay_s, self._on_flush_timer)
+            return
+        self._flush_pending = True
+        self._loop.call_soon(self._flush)
+
+    def _on_flush_timer(self) -> None:
+        self._flush_timer = None
+        if not self._flush_pending:
+            self._flush_pending = True
+            self._flush()
 
     def close(self) -> None:
         """Refuse new requests; queued ones still run (the version drains before it closes)."""
         self._closed = True
 
-    # -- scheduling (event loop thread) --------------------------------------------------------------
+    # -- inline (event loop thread) -------------------------------------------------------------------
+
+    def _flush(self) -> None:
+        self._flush_pending = False
+        while self._queue and self._watch.inline and self._busy == 0:
+            batch, rows = self._take()
+            if not batch:
+                return
+            started = time.perf_counter_ns()
+            try:
+                result = self._run(batch, rows)
+            except Exception as exc:
+                self._fail(batch, exc)
+                continue
+            self._deliver(batch, rows, started, result)
+            self._watch.observe(result[2])
+        self._batch_ns = time.perf_counter_ns()
+        if self._queue and not self._watch.inline:
+            self._schedule()  # demoted mid-flush: the rest goes to the workers
+
+    # -- worker threads (event loop side) -------------------------------------------------------------
 
     def _schedule(self) -> None:
         while self._queue and self._busy < self._instances:
@@ -121,12 +248,27 @@ class DynamicBatcher(Scheduler):
                     if self._timer is None:
                         self._timer = self._loop.call_later(wait, self._on_timer)
                     return
-            if not self._dispatch():
+            batch, rows = self._take()
+            if not batch:
                 return
+            self._busy += 1
+            self._executor.submit(self._work, batch, rows, time.perf_counter_ns())
 
     def _on_timer(self) -> None:
         self._timer = None
         self._schedule()
+
+    def _finished(
+        self, batch: list[_Request], rows: int, started_ns: int, result: _Result | None, exc: BaseException | None
+    ) -> None:
+        self._busy -= 1
+        if result is None:
+            self._fail(batch, exc or RuntimeError("no result"))
+        else:
+            self._deliver(batch, rows, started_ns, result)
+        self._schedule()
+
+    # -- batches ---------------------------------------------------------------------------------------
 
     def _cap(self) -> int:
         if self._preferred:
@@ -135,8 +277,9 @@ class DynamicBatcher(Scheduler):
                 return fitting[-1]
         return self._limit
 
-    def _dispatch(self) -> bool:
-        """Take one batch off the queue and start it on a worker thread; False if nothing was runnable."""
+    def _take(self) -> tuple[list[_Request], int]:
+        """The next batch off the queue (empty when nothing runnable was left), dropping cancelled and expired
+        requests on the way; requests of other item shapes (-1 dims) keep their place for a batch of their own."""
         cap = self._cap()
         now = time.monotonic()
         batch: list[_Request] = []
@@ -155,7 +298,7 @@ class DynamicBatcher(Scheduler):
             req_key = _shape_key(req.inputs)
             if key is None:
                 key = req_key
-            if req_key != key:  # other item shapes (-1 dims) wait for a batch of their own
+            if req_key != key:
                 kept.append(req)
                 continue
             if batch and rows + req.rows > cap:
@@ -166,43 +309,50 @@ class DynamicBatcher(Scheduler):
             self._queued_rows -= req.rows
         kept.extend(self._queue)
         self._queue = kept
-        if not batch:
-            return False
-        self._busy += 1
-        started = time.perf_counter_ns()
-        future = self._loop.run_in_executor(self._executor, self._run, batch, rows)
-        future.add_done_callback(lambda f: self._complete(batch, rows, started, f))
-        return True
+        return batch, rows
 
-    def _complete(self, batch: list[_Request], rows: int, started_ns: int, done: asyncio.Future) -> None:
-        self._busy -= 1
-        exc = done.exception()
-        if exc is not None:
-            error = exc if isinstance(exc, DeadlineExceeded) else Internal(f"model forward failed: {exc!r}")
-            for req in batch:
-                if not req.future.done():
-                    req.future.set_exception(error)
+    def _fail(self, batch: list[_Request], exc: BaseException) -> None:
+        error = _forward_error(exc)
+        for req in batch:
+            if not req.future.done():
+                req.future.set_exception(error)
+
+    def _deliver(self, batch: list[_Request], rows: int, started_ns: int, result: _Result) -> None:
+        """Each request's slice of the batch's outputs, then the batch's statistics and spans, once."""
+        outputs, input_ns, infer_ns = result
+        t0 = time.perf_counter_ns()
+        if len(batch) == 1:
+            if not batch[0].future.done():
+                batch[0].future.set_result(outputs)
         else:
-            outputs, input_ns, infer_ns = done.result()
-            t0 = time.perf_counter_ns()
             offset = 0
             for req in batch:
                 end = offset + req.rows
                 if not req.future.done():
-                    if len(batch) == 1:
-                        req.future.set_result(outputs)
-                    else:
-                        req.future.set_result({k: v[offset:end] for k, v in outputs.items()})
+                    req.future.set_result({k: v[offset:end] for k, v in outputs.items()})
                 offset = end
-            output_ns = time.perf_counter_ns() - t0
-            self._stats.record_batch(rows, input_ns, infer_ns, output_ns, [started_ns - r.enqueued_ns for r in batch])
-            for req in batch:
+        output_ns = time.perf_counter_ns() - t0
+        self._stats.record_batch(rows, input_ns, infer_ns, output_ns, [started_ns - r.enqueued_ns for r in batch])
+        for req in batch:
+            if req.trace_context is not None:
                 spans.record(req.trace_context, req.enqueued_ns, started_ns, input_ns + infer_ns, rows, len(batch))
-        self._schedule()
 
-    # -- compute (worker thread) ----------------------------------------------------------------------
+    # -- compute (the loop when inline, else a worker thread) -------------------------------------------
 
-    def _run(self, batch: list[_Request], rows: int) -> tuple[Outputs, int, int]:
+    def _work(self, batch: list[_Request], rows: int, started_ns: int) -> None:
+        """A worker thread's whole job for one batch: compute, then hand everything back in one wake-up."""
+        result: _Result | None = None
+        error: BaseException | None = None
+        try:
+            result = self._run(batch, rows)
+        except BaseException as exc:  # handed to the loop, which fails the batch's requests
+            error = exc
+        try:
+            self._loop.call_soon_threadsafe(self._finished, batch, rows, started_ns, result, error)
+        except RuntimeError:  # the loop closed while this batch computed (process exit): nobody is waiting
+            pass
+
+    def _run(self, batch: list[_Request], rows: int) -> _Result:
         t0 = time.perf_counter_ns()
         if len(batch) == 1:
             inputs = batch[0].inputs
@@ -226,20 +376,34 @@ class DynamicBatcher(Scheduler):
 
 
 class DirectRunner(Scheduler):
-    """No batching: each request is one forward pass on a worker thread (bounded pending count)."""
+    """No batching: each request is one forward pass, inline or on a worker thread (bounded pending count)."""
 
-    def __init__(self, model: LoadedModel, executor: Executor, max_pending: int, stats: VersionStats) -> None:
+    def __init__(
+        self,
+        model: LoadedModel,
+        executor: Executor,
+        max_pending: int,
+        stats: VersionStats,
+        execution: Execution = THREAD,
+    ) -> None:
         self._loop = asyncio.get_running_loop()
         self._model = model
         self._executor = executor
         self._max_pending = max_pending
         self._stats = stats
+        self._watch = _InlineWatch(execution, stats)
         self._pending = 0
         self._closed = False
+
+    @property
+    def execution(self) -> str:
+        return "inline" if self._watch.inline else "thread"
 
     def submit(self, inputs: dict[str, np.ndarray], rows: int, deadline: float | None) -> asyncio.Future[Outputs]:
         if self._closed:
             raise Unavailable(f"{self._stats.model} v{self._stats.version} is unloading; retry")
+        if self._watch.inline:
+            return self._inline(inputs, rows, deadline)
         if self._pending >= self._max_pending:
             raise ResourceExhausted(
                 f"{self._stats.model} v{self._stats.version}: {self._max_pending} requests pending; retry later"
@@ -250,6 +414,25 @@ class DirectRunner(Scheduler):
         work = self._loop.run_in_executor(self._executor, self._run, inputs, deadline, enqueued)
         ctx = spans.capture()
         work.add_done_callback(lambda f: self._done(f, result, rows, enqueued, ctx))
+        return result
+
+    def _inline(self, inputs: dict[str, np.ndarray], rows: int, deadline: float | None) -> asyncio.Future[Outputs]:
+        """The forward in the caller's own step: nothing queues, so nothing waits (a past deadline is refused)."""
+        result: asyncio.Future[Outputs] = self._loop.create_future()
+        if deadline is not None and time.monotonic() >= deadline:
+            result.set_exception(DeadlineExceeded("deadline passed before the forward started"))
+            return result
+        start = time.perf_counter_ns()
+        try:
+            outputs = self._model.forward(inputs)
+        except Exception as exc:
+            result.set_exception(_forward_error(exc))
+            return result
+        infer_ns = time.perf_counter_ns() - start
+        self._stats.record_batch(rows, 0, infer_ns, 0, [0])
+        spans.record(spans.capture(), start, start, infer_ns, rows, 1)
+        self._watch.observe(infer_ns)
+        result.set_result(outputs)
         return result
 
     def _done(
@@ -266,9 +449,7 @@ class DirectRunner(Scheduler):
         if exc is None:
             result.set_result(outputs)
         else:
-            result.set_exception(
-                exc if isinstance(exc, DeadlineExceeded) else Internal(f"model forward failed: {exc!r}")
-            )
+            result.set_exception(_forward_error(exc))
 
     def _run(self, inputs: dict[str, np.ndarray], deadline: float | None, enqueued: int) -> tuple[Outputs, int, int]:
         start = time.perf_counter_ns()

@@ -138,6 +138,14 @@ class ModelConfig(_Strict):
     optimization: Optimization = Field(default_factory=Optimization)
     version_overrides: dict[int, VersionOverride] = Field(default_factory=dict)
     instance_count: int = Field(1, ge=1, le=16, description="Concurrent executions (worker threads).")
+    execution: Literal["auto", "inline", "thread"] = Field(
+        "auto",
+        description=(
+            "Where forward passes run. inline: on the event loop (for forwards shorter than a thread handoff); "
+            "thread: on the version's worker threads; auto: inline when the warm-up forward at the largest batch "
+            "took at most the service's inline_max_forward_us (and back to threads if forwards grow slower)."
+        ),
+    )
     device: Literal["auto", "cpu", "cuda"] = "auto"
     warmup: bool = True
 

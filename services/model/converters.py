@@ -99,6 +99,7 @@ def config_to_pb(mv: ModelVersion) -> mc.ModelConfig:
         message.dynamic_batching.default_queue_policy.max_queue_size = batching.max_queue_size
     quantization = config.optimization_for(mv.version).quantization
     message.parameters["quantization"].string_value = quantization
+    message.parameters["execution"].string_value = mv.execution
     return message
 
 

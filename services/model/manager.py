@@ -9,11 +9,12 @@ from dataclasses import dataclass, field
 from services.common.errors import InvalidArgument, MeshserveError, NotFound, Unavailable
 from services.model.backends import get_backend
 from services.model.backends.base import LoadedModel
+from services.model.batcher import THREAD
 from services.model.config import ModelConfig
 from services.model.faults import DelayedModel
 from services.model.repository import ModelRepository
 from services.model.stats import set_state_metric
-from services.model.version import ModelVersion, warm_up
+from services.model.version import ModelVersion, choose_execution, warm_up
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +60,10 @@ class ModelManager:
         drain_timeout_s: float = 30.0,
         pinned_versions: dict[str, list[int]] | None = None,
         fault_delay_ms: float = 0.0,
+        inline_max_forward_us: int = 1000,
     ) -> None:
         self.repository = repository
+        self.inline_max_forward_us = inline_max_forward_us
         self.fault_delay_s = fault_delay_ms / 1e3
         self.drain_timeout_s = drain_timeout_s
         self.pinned_versions = {name: sorted(set(vs)) for name, vs in (pinned_versions or {}).items()}
@@ -220,16 +223,15 @@ class ModelManager:
         backend = get_backend(config.backend)
         version_dir = self.repository.version_dir(config.name, version)
 
-        def load_and_warm() -> LoadedModel:  # worker thread: never block the event loop on disk or compute
+        def load_and_warm() -> tuple[LoadedModel, int | None]:  # worker thread: never block the loop on disk or compute
             model = backend.load(version_dir, config, version)
             try:
-                warm_up(model, config)
+                return model, warm_up(model, config)
             except Exception:
                 model.unload()
                 raise
-            return model
 
-        model = await asyncio.to_thread(load_and_warm)
+        model, forward_ns = await asyncio.to_thread(load_and_warm)
         if self.fault_delay_s > 0:
             log.warning(
                 "fault injection: every forward of %s v%d takes %.0f ms longer",
@@ -238,7 +240,13 @@ class ModelManager:
                 self.fault_delay_s * 1e3,
             )
             model = DelayedModel(model, self.fault_delay_s)
-        return ModelVersion(config, version, model, backend)
+        # A delayed model sleeps in its forward: on worker threads only, whatever the config says.
+        execution = (
+            THREAD if self.fault_delay_s > 0 else choose_execution(config, forward_ns, self.inline_max_forward_us)
+        )
+        warm = "no warm-up forward" if forward_ns is None else f"warm-up forward {forward_ns / 1e3:.0f} us"
+        log.info("%s v%d: forwards run %s (%s)", config.name, version, execution.name, warm)
+        return ModelVersion(config, version, model, backend, execution)
 
     def _retire(self, entry: ModelEntry, version: int, mv: ModelVersion, replaced: bool) -> None:
         if not replaced:

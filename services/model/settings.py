@@ -25,6 +25,14 @@ class ModelSettings(ServiceSettings):
     watch_debounce_ms: int = Field(500, ge=50, description="Quiet time after a change before reloading.")
     watch_force_polling: bool = Field(False, description="Poll instead of inotify (network filesystems).")
     torch_threads: int = Field(0, ge=0, description="torch intra-op threads per process (0: torch's default).")
+    inline_max_forward_us: int = Field(
+        1000,
+        ge=0,
+        description=(
+            "For models with `execution: auto`: the longest warm-up forward (at the largest batch) that still runs "
+            "on the event loop; longer ones run on worker threads (0: always worker threads)."
+        ),
+    )
     pinned_versions: dict[str, list[int]] = Field(
         default_factory=dict,
         description=(

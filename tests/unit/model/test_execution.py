@@ -1,0 +1,218 @@
+"""Where forwards run: inline on the event loop or on worker threads, chosen from warm-up timings or the config.
+
+The inline path must answer exactly as the threaded one, honour deadlines and cancellation before compute,
+gather what was submitted together into one batch, and never keep a slow model on the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from services.common.errors import DeadlineExceeded, Internal
+from services.common.loop_idle import loop_idle
+from services.model.backends.base import LoadedModel
+from services.model.batcher import THREAD, DirectRunner, DynamicBatcher, Execution
+from services.model.config import DynamicBatching, ModelConfig
+from services.model.converters import config_to_pb
+from services.model.manager import ModelManager
+from services.model.repository import ModelRepository
+from services.model.stats import VersionStats
+from services.model.version import choose_execution
+from tests.helpers.models import Mlp, Slow, mlp_config, reference_output, write_model
+
+
+class RecordingModel(LoadedModel):
+    """y = 3x + 1 per row; records each batch's size and the thread that ran it; can sleep or fail."""
+
+    def __init__(self, sleep_s: float = 0.0, fail: bool = False) -> None:
+        self.batches: list[int] = []
+        self.threads: list[str] = []
+        self.sleep_s = sleep_s
+        self.fail = fail
+
+    def forward(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if self.sleep_s:
+            time.sleep(self.sleep_s)
+        if self.fail:
+            raise RuntimeError("weights on fire")
+        self.threads.append(threading.current_thread().name)
+        x = inputs["x"]
+        self.batches.append(x.shape[0])
+        return {"y": x * 3 + 1}
+
+
+def rows(n: int, start: float = 0) -> dict[str, np.ndarray]:
+    return {"x": (np.arange(n * 2, dtype=np.float32) + start).reshape(n, 2)}
+
+
+def batcher(model: LoadedModel, execution: Execution, max_batch: int = 8, **knobs: object) -> DynamicBatcher:
+    settings = DynamicBatching.model_validate({"max_queue_delay_us": 0, **knobs})
+    executor = ThreadPoolExecutor(1, thread_name_prefix="worker")
+    return DynamicBatcher(model, executor, 1, max_batch, settings, VersionStats("m", 1), execution)
+
+
+INLINE = Execution(inline=True)
+
+
+async def test_inline_batches_answer_exactly_as_threaded_ones() -> None:
+    sizes = [1, 2, 3, 1, 1, 4, 2]
+    answers = {}
+    for execution in (INLINE, THREAD):
+        model = RecordingModel()
+        b = batcher(model, execution)
+        answers[execution.name] = await asyncio.gather(
+            *(b.submit(rows(n, i * 10), n, None) for i, n in enumerate(sizes))
+        )
+        if execution.inline:
+            assert set(model.threads) == {threading.current_thread().name}  # the loop's own thread
+        else:
+            assert all(name.startswith("worker") for name in model.threads)
+    for i, n in enumerate(sizes):
+        expected = rows(n, i * 10)["x"] * 3 + 1
+        np.testing.assert_array_equal(answers["inline"][i]["y"], expected)
+        np.testing.assert_array_equal(answers["thread"][i]["y"], expected)
+
+
+async def test_inline_gathers_what_was_submitted_in_one_iteration_without_waiting() -> None:
+    model = RecordingModel()
+    b = batcher(model, INLINE, max_batch=8, max_queue_delay_us=5_000_000)
+    futures = [b.submit(rows(1, i), 1, None) for i in range(5)]
+    assert model.batches == []  # nothing ran inside submit: the batch forms in the next iteration
+    start = time.perf_counter()
+    await asyncio.gather(*futures)
+    assert model.batches == [5]
+    assert time.perf_counter() - start < 2.5  # an idle loop never waits for the 5 s of company
+    await asyncio.sleep(0.01)  # the loop waits for I/O: idle again
+    futures = [b.submit(rows(2, i), 2, None) for i in range(6)]
+    await asyncio.gather(*futures)
+    assert model.batches == [5, 8, 4]  # split at max_batch_size, in order
+
+
+async def test_inline_honours_deadlines_and_cancellation_before_compute() -> None:
+    model = RecordingModel()
+    b = batcher(model, INLINE)
+    expired = b.submit(rows(3), 3, time.monotonic() - 0.001)
+    cancelled = b.submit(rows(5), 5, None)
+    cancelled.cancel()
+    alive = b.submit(rows(2), 2, time.monotonic() + 30)
+    with pytest.raises(DeadlineExceeded):
+        await expired
+    out = await alive
+    assert model.batches == [2]
+    np.testing.assert_array_equal(out["y"], rows(2)["x"] * 3 + 1)
+
+
+async def test_an_inline_forward_that_fails_fails_its_batch_and_the_batcher_goes_on() -> None:
+    model = RecordingModel(fail=True)
+    b = batcher(model, INLINE)
+    with pytest.raises(Internal, match="weights on fire"):
+        await b.submit(rows(1), 1, None)
+    model.fail = False
+    out = await b.submit(rows(1), 1, None)
+    np.testing.assert_array_equal(out["y"], rows(1)["x"] * 3 + 1)
+
+
+async def test_while_the_loop_has_a_backlog_inline_waits_for_company_up_to_the_queue_delay() -> None:
+    model = RecordingModel()
+    b = batcher(model, INLINE, max_batch=8, max_queue_delay_us=300_000, preferred_batch_sizes=[4])
+    await b.submit(rows(1), 1, None)  # a batch ran; from now the loop does not wait for I/O
+    probe = loop_idle(asyncio.get_running_loop())
+    first = b.submit(rows(1), 1, None)
+    if probe.idle_since(b._batch_ns):
+        pytest.skip("this loop waited for I/O in between; nothing to gather")
+    await asyncio.sleep(0)
+    assert model.batches == [1]  # waiting for company
+    rest = [b.submit(rows(1), 1, None) for _ in range(3)]  # the preferred size is reached: it goes now
+    await asyncio.gather(first, *rest)
+    assert model.batches == [1, 4]
+
+
+async def test_loop_idle_probe_sees_a_real_wait_for_io() -> None:
+    loop = asyncio.get_running_loop()
+    probe = loop_idle(loop)
+    assert probe is loop_idle(loop)
+    assert probe.supported
+    before = time.perf_counter_ns()
+    await asyncio.sleep(0.01)  # nothing else to do: the loop blocks in its selector
+    assert probe.idle_since(before)
+    marker = time.perf_counter_ns()
+    for _ in range(50):
+        await asyncio.sleep(0)  # busy: the selector is only polled
+    assert not probe.idle_since(marker)
+
+
+async def test_direct_runner_inline_runs_in_the_callers_step_and_refuses_a_passed_deadline() -> None:
+    model = RecordingModel()
+    runner = DirectRunner(model, ThreadPoolExecutor(1), 8, VersionStats("m", 1), INLINE)
+    out = await runner.submit(rows(2), 2, None)
+    np.testing.assert_array_equal(out["y"], rows(2)["x"] * 3 + 1)
+    assert model.threads == [threading.current_thread().name]
+    with pytest.raises(DeadlineExceeded):
+        await runner.submit(rows(1), 1, time.monotonic() - 1)
+    assert model.batches == [2]
+
+
+async def test_an_automatically_inline_model_that_turns_slow_moves_to_its_threads() -> None:
+    model = RecordingModel(sleep_s=0.005)
+    b = batcher(model, Execution(inline=True, demote_above_ns=1_000_000))
+    assert b.execution == "inline"
+    await b.submit(rows(1), 1, None)  # 5 ms on the loop: over the 1 ms limit
+    assert b.execution == "thread"
+    await b.submit(rows(1), 1, None)
+    assert model.threads[0] == threading.current_thread().name
+    assert model.threads[1].startswith("worker")
+
+
+async def test_a_model_configured_inline_stays_inline_however_slow() -> None:
+    model = RecordingModel(sleep_s=0.003)
+    b = batcher(model, INLINE)
+    for _ in range(3):
+        await b.submit(rows(1), 1, None)
+    assert b.execution == "inline"
+
+
+def test_auto_chooses_inline_only_for_a_short_warm_up_forward() -> None:
+    config = ModelConfig.model_validate(mlp_config("m"))
+    assert choose_execution(config, 200_000, 1000) == Execution(inline=True, demote_above_ns=2_000_000)
+    assert choose_execution(config, 5_000_000, 1000) == THREAD
+    assert choose_execution(config, None, 1000) == THREAD  # no warm-up timing: nothing says it is short
+    assert choose_execution(config, 1000, 0) == THREAD  # the service turned inline off
+    inline = ModelConfig.model_validate(mlp_config("m", execution="inline"))
+    assert choose_execution(inline, 50_000_000, 1000) == Execution(inline=True)
+    thread = ModelConfig.model_validate(mlp_config("m", execution="thread"))
+    assert choose_execution(thread, 1000, 1000) == THREAD
+
+
+async def test_the_manager_runs_a_small_model_inline_and_a_slow_one_on_threads(tmp_path: Path) -> None:
+    write_model(tmp_path, "small", mlp_config("small", dynamic_batching={}), {1: Mlp(1)})
+    slow = mlp_config("slow", dynamic_batching={})
+    write_model(tmp_path, "slow", slow, {1: Slow(rounds=40, size=384)})
+    manager = ModelManager(ModelRepository(tmp_path), inline_max_forward_us=1000)
+    await manager.load_all()
+    try:
+        small, slow_mv = manager.get("small"), manager.get("slow")
+        assert small.execution == "inline"
+        assert slow_mv.execution == "thread"
+        assert config_to_pb(small).parameters["execution"].string_value == "inline"
+        x = np.random.default_rng(0).standard_normal((3, 8)).astype(np.float32)
+        out = await small.infer({"x": x}, 3, None)
+        np.testing.assert_allclose(out["y"], reference_output(Mlp(1), x), rtol=1e-5, atol=1e-6)
+    finally:
+        await manager.close()
+
+
+async def test_a_delayed_model_never_runs_inline(tmp_path: Path) -> None:
+    write_model(tmp_path, "m", mlp_config("m", execution="inline", dynamic_batching={}), {1: Mlp(1)})
+    manager = ModelManager(ModelRepository(tmp_path), fault_delay_ms=5)
+    await manager.load_all()
+    try:
+        assert manager.get("m").execution == "thread"
+    finally:
+        await manager.close()
