@@ -1,22 +1,18 @@
 """Runs inside MLServer's own virtualenv: a TorchScript runtime and a launcher that answers ModelConfig.
 
 MLServer has no `ModelConfig` RPC, which perf_analyzer needs before it sends a request. The launcher
-adds a gRPC server interceptor that answers that one call with pre-serialised bytes (a Triton
-ModelConfigResponse written by bench/peers.py, whose path is in $BENCH_MODEL_CONFIG_FILE) and then
-starts MLServer exactly as `mlserver start FOLDER` does. Nothing here imports meshserve's protos: they
-would clash with MLServer's own `inference` package in the protobuf registry.
+adds bench.peer_grpc's interceptor to the server mlserver.grpc.server builds (it answers that one call with
+the pre-serialised bytes at $BENCH_MODEL_CONFIG_FILE) and then starts MLServer exactly as `mlserver start
+FOLDER` does. Nothing here imports meshserve's protos: they would clash with MLServer's own `inference`
+package in the protobuf registry.
 
     python -m bench.mlserver_shim FOLDER
 """
 
 from __future__ import annotations
 
-import os
 import sys
-import types
-from pathlib import Path
 
-import grpc
 import numpy as np
 import torch
 from mlserver import MLModel
@@ -24,8 +20,7 @@ from mlserver.codecs import NumpyCodec
 from mlserver.types import InferenceRequest, InferenceResponse
 from mlserver.utils import get_model_uri
 
-MODEL_CONFIG_METHOD = "/inference.GRPCInferenceService/ModelConfig"
-MODEL_STATISTICS_METHOD = "/inference.GRPCInferenceService/ModelStatistics"
+from bench.peer_grpc import config_bytes_from_env, wrap_aio_server
 
 
 class TorchScriptRuntime(MLModel):
@@ -50,47 +45,13 @@ class TorchScriptRuntime(MLModel):
         )
 
 
-class ModelConfigInterceptor(grpc.aio.ServerInterceptor):
-    """Answers ModelConfig (and an empty ModelStatistics) with fixed bytes; passes everything else on."""
-
-    def __init__(self, config_bytes: bytes) -> None:
-        async def model_config(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
-            return config_bytes
-
-        async def model_statistics(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
-            return b""
-
-        # No (de)serialisers: the handlers see and return raw bytes.
-        self._handlers = {
-            MODEL_CONFIG_METHOD: grpc.unary_unary_rpc_method_handler(model_config),
-            MODEL_STATISTICS_METHOD: grpc.unary_unary_rpc_method_handler(model_statistics),
-        }
-
-    async def intercept_service(self, continuation, handler_call_details):
-        handler = self._handlers.get(handler_call_details.method)
-        if handler is not None:
-            return handler
-        return await continuation(handler_call_details)
-
-
-def install_interceptor(config_bytes: bytes) -> None:
-    """Make MLServer's gRPC server (mlserver.grpc.server uses `aio.server`) start with our interceptor."""
-    import mlserver.grpc.server as mlserver_grpc
-
-    real_server = grpc.aio.server
-
-    def server_with_model_config(*args, interceptors=(), **kwargs):
-        return real_server(*args, interceptors=[ModelConfigInterceptor(config_bytes), *interceptors], **kwargs)
-
-    mlserver_grpc.aio = types.SimpleNamespace(server=server_with_model_config)
-
-
 def main() -> None:
     if len(sys.argv) != 2:
         sys.exit("usage: python -m bench.mlserver_shim FOLDER")
-    install_interceptor(Path(os.environ["BENCH_MODEL_CONFIG_FILE"]).read_bytes())
+    import mlserver.grpc.server as mlserver_grpc
     from mlserver.cli.main import main as mlserver_main
 
+    wrap_aio_server(mlserver_grpc, config_bytes_from_env())
     sys.argv = ["mlserver", "start", sys.argv[1]]
     mlserver_main()
 
