@@ -1,58 +1,59 @@
-"""Tells whether an asyncio event loop has waited for I/O with nothing to do, and when it last did.
+"""Runs callbacks at the moment an asyncio event loop runs out of work, just before it would wait for I/O.
 
-A batcher on the event loop uses it to tell a lone request (the loop was idle before it came: send it at once)
-from a backlog (the loop has been busy without a pause since the last batch: more requests are already on
-their way through gRPC, and waiting briefly for them saves a forward pass each). The probe wraps the loop's
-selector, so it knows only loops that have one (asyncio's own); on others it always says "idle", which keeps
-batching work-conserving.
+A batcher on the event loop uses it to close a batch exactly when no more requests can join it before the
+loop would sit idle: a lone request runs as soon as the loop has nothing else to do, and under load, while
+requests keep arriving through gRPC, they gather without any timer. The hook wraps the loop's selector (no
+asyncio API offers an idle callback): when the loop asks to wait and a poll finds no I/O ready, the callbacks
+run, and if they scheduled work the loop polls again instead of blocking. Loops without a selector
+attribute (uvloop) are not supported: `idle_hooks` returns None and callers fall back to `call_soon`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
 import weakref
 from collections.abc import Callable
 from typing import Any
 
-IDLE_WAIT_NS = (
-    50_000  # a wait for I/O this long means the loop had nothing to do (a busy loop's select returns at once)
-)
 
+class IdleHooks:
+    """One-shot callbacks run when the loop has no callback ready and no I/O pending."""
 
-class LoopIdle:
-    """The last moment (time.perf_counter_ns) the loop came back from a real wait for I/O."""
+    def __init__(self, loop: asyncio.AbstractEventLoop, selector: Any) -> None:
+        self._loop = loop
+        self._pending: list[Callable[[], None]] = []
+        select: Callable[[float | None], Any] = selector.select
 
-    def __init__(self, selector: Any | None) -> None:
-        self.supported = selector is not None
-        self.idled_ns = 0
-        if selector is None:
-            return
-        select: Callable[..., Any] = selector.select
-
-        def timed_select(timeout: float | None = None) -> Any:
-            if timeout is not None and timeout <= 0:  # the loop has callbacks ready: only a poll
+        def select_or_idle(timeout: float | None = None) -> Any:
+            if (timeout is not None and timeout <= 0) or not self._pending:
                 return select(timeout)
-            start = time.perf_counter_ns()
-            events = select(timeout)
-            end = time.perf_counter_ns()
-            if end - start >= IDLE_WAIT_NS:
-                self.idled_ns = end
-            return events
+            events = select(0)
+            if events:
+                return events  # more work has arrived: the loop is not idle yet
+            callbacks, self._pending = self._pending, []
+            for callback in callbacks:
+                try:
+                    callback()
+                except Exception as exc:  # a hook must never break the loop; report it as asyncio does
+                    loop.call_exception_handler({"message": "idle hook failed", "exception": exc})
+            return select(0 if loop._ready else timeout)  # type: ignore[attr-defined]  # work was scheduled: no wait
 
-        selector.select = timed_select
+        selector.select = select_or_idle
 
-    def idle_since(self, moment_ns: int) -> bool:
-        """Whether the loop waited for I/O with nothing to do after `moment_ns` (always True when unsupported)."""
-        return not self.supported or self.idled_ns > moment_ns
-
-
-_PROBES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopIdle] = weakref.WeakKeyDictionary()
+    def call_when_idle(self, callback: Callable[[], None]) -> None:
+        """Run `callback` (once) on the loop's thread the next time it runs out of work."""
+        self._pending.append(callback)
 
 
-def loop_idle(loop: asyncio.AbstractEventLoop) -> LoopIdle:
-    """The probe of `loop`, installed on first use (one per loop)."""
-    probe = _PROBES.get(loop)
-    if probe is None:
-        probe = _PROBES[loop] = LoopIdle(getattr(loop, "_selector", None))
-    return probe
+_HOOKS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, IdleHooks] = weakref.WeakKeyDictionary()
+
+
+def idle_hooks(loop: asyncio.AbstractEventLoop) -> IdleHooks | None:
+    """The idle hooks of `loop`, installed on first use; None for a loop without a selector."""
+    hooks = _HOOKS.get(loop)
+    if hooks is None:
+        selector = getattr(loop, "_selector", None)
+        if selector is None or not hasattr(loop, "_ready"):
+            return None
+        hooks = _HOOKS[loop] = IdleHooks(loop, selector)
+    return hooks

@@ -2,16 +2,16 @@
 and a direct runner for models without batching; each runs its forwards inline or on the version's workers.
 
 Where compute runs is the version's `Execution`. Inline, a forward runs on the event loop itself: a short
-forward costs less than the two cross-thread wake-ups and the GIL handoff a worker thread needs. The batcher
-then gathers, without a timer, every request submitted since its last batch (the handlers that ran in the same
-loop iteration) and runs them as one batch in the next iteration. On worker threads (long forwards, whose
-compute releases the GIL), a batch's results come back in one wake-up of the loop, not one per request.
+forward costs less than the cross-thread wake-ups and GIL handoffs a worker thread needs. An inline batch
+closes when the loop runs out of work (`services.common.loop_idle`): every request that reached the loop by
+then joins, and a lone request on an idle loop runs at once. On worker threads (long forwards, whose compute
+releases the GIL), a batch's results come back in one wake-up of the loop, not one per request.
 
-The dynamic batcher is work-conserving: when an execution slot is free it dispatches what is queued at
-once, so a lone request on an idle model never waits for company. `max_queue_delay_us` only applies
-while another batch of the same version is computing (instance_count > 1), when waiting briefly for a
-preferred batch size costs nothing. Under load, requests that arrive while a batch computes are
-gathered into the next one.
+Both are work-conserving for a lone request. `max_queue_delay_us` bounds how long a request waits for
+company, and it is only spent when company is due: inline, while the loop is still busy with requests on
+their way in; on workers, while another instance computes, or while fewer rows are queued than the model
+held a moment ago (the rows just answered are expected back, and a long forward is far cheaper per row in
+one large batch than in several small ones). Once such a wait times out, the batcher stops expecting them.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import numpy as np
 from opentelemetry.context import Context
 
 from services.common.errors import DeadlineExceeded, Internal, ResourceExhausted, Unavailable
-from services.common.loop_idle import loop_idle
+from services.common.loop_idle import idle_hooks
 from services.model import spans
 from services.model.backends.base import LoadedModel
 from services.model.config import DynamicBatching
@@ -150,11 +150,14 @@ class DynamicBatcher(Scheduler):
         self._queue: deque[_Request] = deque()
         self._queued_rows = 0
         self._busy = 0
+        self._computing_rows = 0
+        # The most rows queued and computing at once under the recent load: while more rows than are queued were
+        # there recently, a free instance waits (up to max_queue_delay_us) for them to come back as one batch.
+        self._peak = 0
         self._timer: asyncio.TimerHandle | None = None
         self._flush_pending = False
-        self._flush_timer: asyncio.TimerHandle | None = None
-        self._idle = loop_idle(self._loop)
-        self._batch_ns = 0  # when the last inline batch finished
+        self._flush_soon = False
+        self._hooks = idle_hooks(self._loop)
         self._closed = False
 
     @property
@@ -182,37 +185,31 @@ class DynamicBatcher(Scheduler):
         self._queue.append(_Request(inputs, rows, future, deadline, time.perf_counter_ns(), spans.capture()))
         self._queued_rows += rows
         if not self._watch.inline:
+            self._peak = max(self._peak, self._queued_rows + self._computing_rows)
             self._schedule()
         else:
             self._gather()
         return future
 
     def _gather(self) -> None:
-        """Inline: run what is queued in the next loop iteration, or, while the loop has a backlog (it has not
-        waited for I/O since the last batch ran), wait up to max_queue_delay_us for company."""
-        if self._flush_pending:
-            return
-        if self._flush_timer is not None:
-            if self._queued_rows < self._target:
-                return
-            self._flush_timer.cancel()
-            self._flush_timer = None
-        elif (
-            self._delay_s > 0
-            and self._queued_rows < self._target
-            and self._batch_ns
-            and not self._idle.idle_since(self._batch_ns)
-        ):
-            self._flush_timer = self._loop.call_later(self._delay_s, self._on_flush_timer)
-            return
-        self._flush_pending = True
-        self._loop.call_soon(self._flush)
-
-    def _on_flush_timer(self) -> None:
-        self._flush_timer = None
+        """Inline: close the batch when the loop runs out of work (every request that reached the loop by then
+        joins; a lone request on an idle loop runs at once), when it reaches the preferred size, or when its
+        oldest request waited max_queue_delay_us. With no delay allowed, or on a loop without idle hooks, what
+        was submitted in this loop iteration runs in the next."""
         if not self._flush_pending:
             self._flush_pending = True
-            self._flush()
+            if self._hooks is not None and self._delay_s > 0:
+                self._hooks.call_when_idle(self._flush)
+            else:
+                self._flush_soon = True
+                self._loop.call_soon(self._flush)
+            return
+        if not self._flush_soon and (
+            self._queued_rows >= self._target
+            or time.perf_counter_ns() - self._queue[0].enqueued_ns >= self._delay_s * 1e9
+        ):
+            self._flush_soon = True
+            self._loop.call_soon(self._flush)
 
     def close(self) -> None:
         """Refuse new requests; queued ones still run (the version drains before it closes)."""
@@ -221,7 +218,7 @@ class DynamicBatcher(Scheduler):
     # -- inline (event loop thread) -------------------------------------------------------------------
 
     def _flush(self) -> None:
-        self._flush_pending = False
+        self._flush_pending = self._flush_soon = False
         while self._queue and self._watch.inline and self._busy == 0:
             batch, rows = self._take()
             if not batch:
@@ -234,7 +231,6 @@ class DynamicBatcher(Scheduler):
                 continue
             self._deliver(batch, rows, started, result)
             self._watch.observe(result[2])
-        self._batch_ns = time.perf_counter_ns()
         if self._queue and not self._watch.inline:
             self._schedule()  # demoted mid-flush: the rest goes to the workers
 
@@ -242,16 +238,19 @@ class DynamicBatcher(Scheduler):
 
     def _schedule(self) -> None:
         while self._queue and self._busy < self._instances:
-            if self._busy > 0 and self._delay_s > 0 and self._queued_rows < self._target:
+            want = min(self._target, self._peak)
+            if self._delay_s > 0 and self._queued_rows < want:
                 wait = self._queue[0].enqueued_ns / 1e9 + self._delay_s - time.perf_counter_ns() / 1e9
                 if wait > 0:
                     if self._timer is None:
                         self._timer = self._loop.call_later(wait, self._on_timer)
                     return
+                self._peak = self._queued_rows + self._computing_rows  # the load fell: stop waiting for it
             batch, rows = self._take()
             if not batch:
                 return
             self._busy += 1
+            self._computing_rows += rows
             self._executor.submit(self._work, batch, rows, time.perf_counter_ns())
 
     def _on_timer(self) -> None:
@@ -262,6 +261,7 @@ class DynamicBatcher(Scheduler):
         self, batch: list[_Request], rows: int, started_ns: int, result: _Result | None, exc: BaseException | None
     ) -> None:
         self._busy -= 1
+        self._computing_rows -= rows
         if result is None:
             self._fail(batch, exc or RuntimeError("no result"))
         else:

@@ -67,7 +67,13 @@ class DynamicBatching(_Strict):
     """Dynamic batching knobs, as in Triton's dynamic batcher."""
 
     max_queue_delay_us: int = Field(
-        100, ge=0, description="Longest a request waits for company, only while another batch is computing."
+        100,
+        ge=0,
+        description=(
+            "Longest a request waits for company, only when company is due: inline, while the event loop is "
+            "still busy with arriving requests; on worker threads, while another batch computes or fewer rows "
+            "are queued than the model held a moment ago. A lone request on an idle model never waits."
+        ),
     )
     preferred_batch_sizes: list[int] = Field(default_factory=list)
     allowed_batch_sizes: list[int] = Field(

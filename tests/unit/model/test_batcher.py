@@ -136,3 +136,24 @@ async def test_delay_waits_for_company_only_while_another_instance_computes() ->
     model.gate.set()
     await asyncio.gather(first, second, *rest)
     assert sorted(model.batches) == [1, 4]
+
+
+async def test_a_free_instance_waits_for_the_rows_the_recent_load_had_then_stops_waiting() -> None:
+    model = AffineModel()
+    batcher = make(model, max_batch=8, max_queue_delay_us=1_000_000)
+    model.gate.clear()
+    first = batcher.submit(rows(1), 1, None)  # idle model: goes at once
+    others = [batcher.submit(rows(1), 1, None) for _ in range(3)]  # 4 rows in the model at once
+    model.gate.set()
+    await first
+    await asyncio.sleep(0.02)
+    assert batcher.queue_length == 3  # 4 were here a moment ago: the fourth is expected back
+    back = batcher.submit(rows(1), 1, None)
+    await asyncio.gather(back, *others)
+    assert model.batches == [1, 4]
+    lone = batcher.submit(rows(1), 1, None)  # the load fell to one: it waits once, then the batcher stops waiting
+    await lone
+    start = time.perf_counter()
+    await batcher.submit(rows(1), 1, None)
+    assert time.perf_counter() - start < 0.5  # no second wait for the 1 s delay
+    assert model.batches == [1, 4, 1, 1]

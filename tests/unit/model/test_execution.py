@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from services.common.errors import DeadlineExceeded, Internal
-from services.common.loop_idle import loop_idle
+from services.common.loop_idle import idle_hooks
 from services.model.backends.base import LoadedModel
 from services.model.batcher import THREAD, DirectRunner, DynamicBatcher, Execution
 from services.model.config import DynamicBatching, ModelConfig
@@ -119,33 +119,56 @@ async def test_an_inline_forward_that_fails_fails_its_batch_and_the_batcher_goes
     np.testing.assert_array_equal(out["y"], rows(1)["x"] * 3 + 1)
 
 
-async def test_while_the_loop_has_a_backlog_inline_waits_for_company_up_to_the_queue_delay() -> None:
+async def test_while_the_loop_is_busy_an_inline_batch_stays_open_and_closes_when_it_runs_out_of_work() -> None:
     model = RecordingModel()
-    b = batcher(model, INLINE, max_batch=8, max_queue_delay_us=300_000, preferred_batch_sizes=[4])
-    await b.submit(rows(1), 1, None)  # a batch ran; from now the loop does not wait for I/O
-    probe = loop_idle(asyncio.get_running_loop())
-    first = b.submit(rows(1), 1, None)
-    if probe.idle_since(b._batch_ns):
-        pytest.skip("this loop waited for I/O in between; nothing to gather")
+    b = batcher(model, INLINE, max_batch=16, max_queue_delay_us=5_000_000)
+    futures = []
+    for i in range(5):
+        futures.append(b.submit(rows(1, i), 1, None))
+        await asyncio.sleep(0)  # other work is ready: the loop never waits for I/O, the batch stays open
+    assert model.batches == []
+    await asyncio.gather(*futures)  # nothing else to do: the loop would wait, so the batch runs
+    assert model.batches == [5]
+    np.testing.assert_array_equal(futures[3].result()["y"], rows(1, 3)["x"] * 3 + 1)
+
+
+async def test_an_inline_batch_closes_at_its_preferred_size_even_while_the_loop_is_busy() -> None:
+    model = RecordingModel()
+    b = batcher(model, INLINE, max_batch=16, max_queue_delay_us=5_000_000, preferred_batch_sizes=[3])
+    futures = []
+    for i in range(3):
+        futures.append(b.submit(rows(1, i), 1, None))
+        await asyncio.sleep(0)
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert model.batches == [3]
+    await asyncio.gather(*futures)
+
+
+async def test_without_a_queue_delay_an_inline_batch_is_what_one_loop_iteration_submitted() -> None:
+    model = RecordingModel()
+    b = batcher(model, INLINE, max_batch=16, max_queue_delay_us=0)
+    first = [b.submit(rows(1), 1, None) for _ in range(2)]
     await asyncio.sleep(0)
-    assert model.batches == [1]  # waiting for company
-    rest = [b.submit(rows(1), 1, None) for _ in range(3)]  # the preferred size is reached: it goes now
-    await asyncio.gather(first, *rest)
-    assert model.batches == [1, 4]
+    second = b.submit(rows(1), 1, None)
+    await asyncio.gather(*first, second)
+    assert model.batches == [2, 1]
 
 
-async def test_loop_idle_probe_sees_a_real_wait_for_io() -> None:
+async def test_idle_hooks_run_only_when_the_loop_runs_out_of_work() -> None:
     loop = asyncio.get_running_loop()
-    probe = loop_idle(loop)
-    assert probe is loop_idle(loop)
-    assert probe.supported
-    before = time.perf_counter_ns()
-    await asyncio.sleep(0.01)  # nothing else to do: the loop blocks in its selector
-    assert probe.idle_since(before)
-    marker = time.perf_counter_ns()
-    for _ in range(50):
-        await asyncio.sleep(0)  # busy: the selector is only polled
-    assert not probe.idle_since(marker)
+    hooks = idle_hooks(loop)
+    assert hooks is not None
+    assert idle_hooks(loop) is hooks
+    ran: list[int] = []
+    hooks.call_when_idle(lambda: ran.append(1))
+    for _ in range(20):
+        await asyncio.sleep(0)  # always something ready
+    assert ran == []
+    await asyncio.sleep(0.01)
+    assert ran == [1]
+    await asyncio.sleep(0.01)
+    assert ran == [1]  # one-shot
 
 
 async def test_direct_runner_inline_runs_in_the_callers_step_and_refuses_a_passed_deadline() -> None:
