@@ -289,15 +289,23 @@ def main(argv: list[str] | None = None) -> int:
         with warnings.catch_warnings():  # torch.jit.script's deprecation notice
             warnings.simplefilter("ignore", DeprecationWarning)
             torch.jit.save(torch.jit.script(heavy_module()), str(heavy_file))
-        repos = {ON: tmp / "repo-on", OFF: tmp / "repo-off"}
-        for target, repo in repos.items():
-            copy_fraud(repo, batching=target == ON, models=models_dir)
-            write_heavy(repo, batching=target == ON, model_file=heavy_file, models=models_dir)
+        # One model per server, as each would be deployed: the small model's forwards run inline with one
+        # torch thread, the heavy model's on a worker thread with torch's default.
+        for target in (ON, OFF):
+            copy_fraud(tmp / f"{target.replace(' ', '_')}-{FRAUD}", batching=target == ON, models=models_dir)
+            write_heavy(
+                tmp / f"{target.replace(' ', '_')}-{HEAVY}",
+                batching=target == ON,
+                model_file=heavy_file,
+                models=models_dir,
+            )
 
         bench.serve_floor()
-        loads = [(FRAUD, c) for c in FRAUD_CONCURRENCY] + [(HEAVY, HEAVY_CONCURRENCY)]
         for target in (ON, OFF):
-            bench.serve_model_service(target, repos[target], loads)
+            bench.serve_model_service(
+                target, tmp / f"{target.replace(' ', '_')}-{FRAUD}", [(FRAUD, c) for c in FRAUD_CONCURRENCY]
+            )
+            bench.serve_model_service(target, tmp / f"{target.replace(' ', '_')}-{HEAVY}", [(HEAVY, HEAVY_CONCURRENCY)])
 
         print(f"\n[in process] {HEAVY} forward at batch {FORWARD_BATCH}: FP32 vs INT8 ...", flush=True)
         forward = measure_forward(heavy_file)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import sys
 
 from services.common.logs import setup_logging
 from services.common.server import GrpcService
@@ -14,6 +16,8 @@ from services.model.servicer import SERVICE_NAME, ModelServicer
 from services.model.settings import ModelSettings
 from services.model.watcher import watch_repository
 from services.protos import inference_pb2_grpc
+
+log = logging.getLogger(__name__)
 
 
 class ModelService:
@@ -44,11 +48,24 @@ class ModelService:
     async def _on_start(self) -> None:
         settings = self.settings
         await self.manager.load_all(settings.models or None)
+        if not settings.torch_threads:
+            self._one_thread_if_all_inline()
         if settings.watch and settings.repository.is_dir():
             watch = watch_repository(
                 self.manager, settings.watch_debounce_ms, settings.watch_force_polling, self._stop_watch
             )
             self._tasks.append(asyncio.create_task(watch))
+
+    def _one_thread_if_all_inline(self) -> None:
+        """With no thread count configured and every version loaded at start running inline, torch gets one
+        intra-op thread: a forward short enough for the event loop gains nothing from a second thread, whose
+        spinning takes the core the loop's gRPC work needs. Versions loaded later do not change it."""
+        versions = [mv for entry in self.manager.models.values() for mv in entry.ready.values()]
+        if versions and all(mv.execution == "inline" for mv in versions) and "torch" in sys.modules:
+            import torch
+
+            torch.set_num_threads(1)
+            log.info("every model runs inline: torch uses 1 intra-op thread (MESHSERVE_MODEL_TORCH_THREADS overrides)")
 
     async def _on_stop(self) -> None:
         self._stop_watch.set()

@@ -24,7 +24,14 @@ class ModelSettings(ServiceSettings):
     watch: bool = Field(True, description="Watch the repository and hot-reload changed models.")
     watch_debounce_ms: int = Field(500, ge=50, description="Quiet time after a change before reloading.")
     watch_force_polling: bool = Field(False, description="Poll instead of inotify (network filesystems).")
-    torch_threads: int = Field(0, ge=0, description="torch intra-op threads per process (0: torch's default).")
+    torch_threads: int = Field(
+        0,
+        ge=0,
+        description=(
+            "torch intra-op threads per process (0: 1 when every model loaded at start runs inline, else torch's "
+            "default)."
+        ),
+    )
     inline_max_forward_us: int = Field(
         1000,
         ge=0,
