@@ -2,8 +2,8 @@
 
 A variant changes the model's config.yaml (`config`; `dynamic_batching.<knob>` for a batching knob), the
 service's environment (`env`), or runs another checkout (`tree`, which needs the same models and .venv);
-`floor` is the bare gRPC server. Every variant serves fraud_mlp and the heavy model of bench.model_service,
-and perf_analyzer measures the model asked for at each concurrency, `--rounds` times in turn:
+`floor` is the bare gRPC server. Each variant's server holds the one model asked for (fraud_mlp or the heavy
+model of bench.model_service), and perf_analyzer measures it at each concurrency, `--rounds` times in turn:
 
     python -m bench.model_variants '{"floor": {}, "inline": {"config": {"execution": "inline"}},
         "thread": {"config": {"execution": "thread"}}}' --model fraud_mlp --concurrency 1,32 --rounds 2
@@ -37,19 +37,21 @@ from bench.perf_analyzer import PerfAnalyzerError, ensure_perf_analyzer, run_per
 from bench.serving import ServerProcess, free_port, running
 
 
-def write_variant(repo: Path, heavy_file: Path, config: dict[str, Any]) -> None:
-    """Both models in `repo`, with the variant's config changes applied to each."""
-    copy_fraud(repo, batching=True)
-    write_heavy(repo, batching=True, model_file=heavy_file)
-    for model in (FRAUD, HEAVY):
-        path = repo / model / "config.yaml"
-        document = yaml.safe_load(path.read_text())
-        for key, value in config.items():
-            if key.startswith("dynamic_batching."):
-                document["dynamic_batching"][key.removeprefix("dynamic_batching.")] = value
-            else:
-                document[key] = value
-        path.write_text(yaml.safe_dump(document, sort_keys=False))
+def write_variant(repo: Path, model: str, heavy_file: Path, config: dict[str, Any]) -> None:
+    """`model` alone in `repo` (one model per server, as bench.model_service serves them), with the variant's
+    config changes applied."""
+    if model == FRAUD:
+        copy_fraud(repo, batching=True)
+    else:
+        write_heavy(repo, batching=True, model_file=heavy_file)
+    path = repo / model / "config.yaml"
+    document = yaml.safe_load(path.read_text())
+    for key, value in config.items():
+        if key.startswith("dynamic_batching."):
+            document["dynamic_batching"][key.removeprefix("dynamic_batching.")] = value
+        else:
+            document[key] = value
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
 
 
 @contextlib.contextmanager
@@ -96,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
             torch.jit.save(torch.jit.script(heavy_module()), str(heavy_file))
         for name, spec in variants.items():
             if name != "floor":
-                write_variant(tmp / name, heavy_file, spec.get("config", {}))
+                write_variant(tmp / name, args.model, heavy_file, spec.get("config", {}))
         for round_no in range(args.rounds):
             for name, spec in variants.items():
                 with serve(name, spec, tmp / name, args.model) as server:

@@ -40,6 +40,10 @@ class IdleHooks:
 
         selector.select = select_or_idle
 
+    def nothing_ready(self) -> bool:
+        """Whether no other callback is due in this loop iteration (the caller is the last thing running)."""
+        return not self._loop._ready  # type: ignore[attr-defined]
+
     def call_when_idle(self, callback: Callable[[], None]) -> None:
         """Run `callback` (once) on the loop's thread the next time it runs out of work."""
         self._pending.append(callback)

@@ -197,6 +197,9 @@ class DynamicBatcher(Scheduler):
         oldest request waited max_queue_delay_us. With no delay allowed, or on a loop without idle hooks, what
         was submitted in this loop iteration runs in the next."""
         if not self._flush_pending:
+            if self._hooks is not None and len(self._queue) == 1 and self._hooks.nothing_ready():
+                self._flush()  # a lone request and nothing else to run: its forward runs in the caller's step
+                return
             self._flush_pending = True
             if self._hooks is not None and self._delay_s > 0:
                 self._hooks.call_when_idle(self._flush)

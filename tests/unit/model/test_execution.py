@@ -61,6 +61,11 @@ def batcher(model: LoadedModel, execution: Execution, max_batch: int = 8, **knob
 INLINE = Execution(inline=True)
 
 
+def others_ready() -> None:
+    """Another callback due in this loop iteration, as when several handlers run in the same one."""
+    asyncio.get_running_loop().call_soon(lambda: None)
+
+
 async def test_inline_batches_answer_exactly_as_threaded_ones() -> None:
     sizes = [1, 2, 3, 1, 1, 4, 2]
     answers = {}
@@ -83,21 +88,32 @@ async def test_inline_batches_answer_exactly_as_threaded_ones() -> None:
 async def test_inline_gathers_what_was_submitted_in_one_iteration_without_waiting() -> None:
     model = RecordingModel()
     b = batcher(model, INLINE, max_batch=8, max_queue_delay_us=5_000_000)
+    others_ready()
     futures = [b.submit(rows(1, i), 1, None) for i in range(5)]
-    assert model.batches == []  # nothing ran inside submit: the batch forms in the next iteration
+    assert model.batches == []  # others were due in this iteration: the batch forms after them
     start = time.perf_counter()
     await asyncio.gather(*futures)
     assert model.batches == [5]
     assert time.perf_counter() - start < 2.5  # an idle loop never waits for the 5 s of company
     await asyncio.sleep(0.01)  # the loop waits for I/O: idle again
+    others_ready()
     futures = [b.submit(rows(2, i), 2, None) for i in range(6)]
     await asyncio.gather(*futures)
     assert model.batches == [5, 8, 4]  # split at max_batch_size, in order
 
 
+async def test_a_lone_inline_request_on_an_idle_loop_runs_in_the_callers_step() -> None:
+    model = RecordingModel()
+    b = batcher(model, INLINE, max_queue_delay_us=5_000_000)
+    future = b.submit(rows(2), 2, None)
+    assert future.done() and model.batches == [2]  # nothing else was due: no wait, not even an iteration
+    np.testing.assert_array_equal(future.result()["y"], rows(2)["x"] * 3 + 1)
+
+
 async def test_inline_honours_deadlines_and_cancellation_before_compute() -> None:
     model = RecordingModel()
     b = batcher(model, INLINE)
+    others_ready()
     expired = b.submit(rows(3), 3, time.monotonic() - 0.001)
     cancelled = b.submit(rows(5), 5, None)
     cancelled.cancel()
@@ -124,6 +140,7 @@ async def test_while_the_loop_is_busy_an_inline_batch_stays_open_and_closes_when
     b = batcher(model, INLINE, max_batch=16, max_queue_delay_us=5_000_000)
     futures = []
     for i in range(5):
+        others_ready()
         futures.append(b.submit(rows(1, i), 1, None))
         await asyncio.sleep(0)  # other work is ready: the loop never waits for I/O, the batch stays open
     assert model.batches == []
@@ -137,6 +154,7 @@ async def test_an_inline_batch_closes_at_its_preferred_size_even_while_the_loop_
     b = batcher(model, INLINE, max_batch=16, max_queue_delay_us=5_000_000, preferred_batch_sizes=[3])
     futures = []
     for i in range(3):
+        others_ready()
         futures.append(b.submit(rows(1, i), 1, None))
         await asyncio.sleep(0)
     for _ in range(3):
@@ -148,8 +166,10 @@ async def test_an_inline_batch_closes_at_its_preferred_size_even_while_the_loop_
 async def test_without_a_queue_delay_an_inline_batch_is_what_one_loop_iteration_submitted() -> None:
     model = RecordingModel()
     b = batcher(model, INLINE, max_batch=16, max_queue_delay_us=0)
+    others_ready()
     first = [b.submit(rows(1), 1, None) for _ in range(2)]
     await asyncio.sleep(0)
+    others_ready()
     second = b.submit(rows(1), 1, None)
     await asyncio.gather(*first, second)
     assert model.batches == [2, 1]
