@@ -194,6 +194,18 @@ class Bench:
         self.perf[(target, model, concurrency)] = r
         print(f" {r.throughput:8,.0f} infer/s  p50 {r.p50_ms:6.2f} ms  p99 {r.p99_ms:6.2f} ms", flush=True)
 
+    def finish(self, figures: list[dict[str, Any]], started: float) -> int:
+        """Record the run's figures, say how long it took, list what failed; the exit status (1 on errors)."""
+        results.record(figures)
+        print(f"\nrecorded {len(figures)} figures in {results.LATEST.relative_to(ROOT)}")
+        print(f"took {time.monotonic() - started:.0f} s")
+        if self.errors:
+            print("\nERRORS (some figures missing):")
+            for e in self.errors:
+                print(f"- {e}")
+            return 1
+        return 0
+
     def get(self, target: str, model: str, concurrency: int) -> PerfResult | None:
         return self.perf.get((target, model, concurrency))
 
@@ -310,16 +322,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n[in process] {HEAVY} forward at batch {FORWARD_BATCH}: FP32 vs INT8 ...", flush=True)
         forward = measure_forward(heavy_file)
 
-    figures = report(bench, forward, command)
-    results.record(figures)
-    print(f"\nrecorded {len(figures)} figures in {results.LATEST.relative_to(ROOT)}")
-    print(f"took {time.monotonic() - started:.0f} s")
-    if bench.errors:
-        print("\nERRORS (some figures missing):")
-        for e in bench.errors:
-            print(f"- {e}")
-        return 1
-    return 0
+    return bench.finish(report(bench, forward, command), started)
 
 
 def report(bench: Bench, forward: Forward, command: str) -> list[dict[str, Any]]:

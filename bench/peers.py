@@ -302,16 +302,7 @@ def main(argv: list[str] | None = None) -> int:
         if FLOOR in chosen:
             bench.serve_floor()
 
-    figures = report(bench, command, [s for s in SERVERS.values() if s in chosen])
-    results.record(figures)
-    print(f"\nrecorded {len(figures)} figures in {results.LATEST.relative_to(ROOT)}")
-    print(f"took {time.monotonic() - started:.0f} s")
-    if bench.errors:
-        print("\nERRORS (some figures missing):")
-        for e in bench.errors:
-            print(f"- {e}")
-        return 1
-    return 0
+    return bench.finish(report(bench, command, [s for s in SERVERS.values() if s in chosen]), started)
 
 
 def report(bench: Bench, command: str, servers: Sequence[str] = tuple(SERVERS.values())) -> list[dict[str, Any]]:
