@@ -87,12 +87,17 @@ class _InlineWatch:
         self._stats = stats
         self._average_ns = 0.0
 
+    @property
+    def name(self) -> str:
+        return "inline" if self.inline else "thread"
+
     def observe(self, forward_ns: int) -> None:
         if self._limit_ns is None:
             return
-        self._average_ns = (
-            forward_ns if self._average_ns == 0 else (self._average_ns + _EWMA_WEIGHT * (forward_ns - self._average_ns))
-        )
+        if self._average_ns == 0:
+            self._average_ns = forward_ns
+        else:
+            self._average_ns += _EWMA_WEIGHT * (forward_ns - self._average_ns)
         if self._average_ns > self._limit_ns:
             self.inline = False
             log.warning(
@@ -171,7 +176,7 @@ class DynamicBatcher(Scheduler):
 
     @property
     def execution(self) -> str:
-        return "inline" if self._watch.inline else "thread"
+        return self._watch.name
 
     def submit(self, inputs: dict[str, np.ndarray], rows: int, deadline: float | None) -> asyncio.Future[Outputs]:
         if self._closed:
@@ -400,7 +405,7 @@ class DirectRunner(Scheduler):
 
     @property
     def execution(self) -> str:
-        return "inline" if self._watch.inline else "thread"
+        return self._watch.name
 
     def submit(self, inputs: dict[str, np.ndarray], rows: int, deadline: float | None) -> asyncio.Future[Outputs]:
         if self._closed:
