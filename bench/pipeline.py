@@ -40,6 +40,9 @@ COMMAND = "python -m bench.pipeline"
 MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
 WARM_MOST_S = 30  # the longest cache warm-up before a cache-on run
 PA_STREAM = 20_000  # requests in the perf_analyzer Zipf input file
+UNBATCHED = "all-miss batching off"
+TARGET_BATCHED_C32 = 3.0  # micro-batching on vs off, all-miss at c=32
+TARGET_LONE_P50 = 1.1  # all-miss at c=1: p50 on / off at most this
 PA_MOST_CONCURRENCY = 8  # perf_analyzer stops at the first error, and beyond this the gateway sheds some calls
 
 
@@ -82,6 +85,7 @@ def transaction(i: int, t0: int) -> pb.ModelInferRequest:
 @dataclass
 class Run:
     latencies: list[float] = field(default_factory=list)
+    batches: dict[str, float] = field(default_factory=dict)  # stage -> mean requests per downstream call
     stages: dict[str, list[float]] = field(default_factory=dict)
     cache: dict[str, int] = field(default_factory=dict)
     errors: dict[str, int] = field(default_factory=dict)
@@ -184,16 +188,42 @@ def perf_analyzer_zipf_data(path: Path, pool: int, t0: int, n: int = PA_STREAM) 
     return path, 1 - len(set(ranks)) / n
 
 
-def gateway_cache_answers(metrics_port: int) -> dict[str, float]:
-    """The cache-on gateway's answered fraud requests so far, by cache outcome (its /metrics)."""
+def gateway_metric_samples(metrics_port: int) -> list:
     with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as reply:
         text = reply.read().decode()
+    return [sample for family in text_string_to_metric_families(text) for sample in family.samples]
+
+
+def batch_totals(metrics_port: int) -> dict[str, tuple[float, float]]:
+    """The fraud pipeline's (requests, downstream calls) so far per batched stage (the gateway's /metrics)."""
+    totals: dict[str, list[float]] = {}
+    for sample in gateway_metric_samples(metrics_port):
+        if sample.name.startswith("meshserve_gateway_batch_requests") and sample.labels.get("pipeline") == "fraud":
+            entry = totals.setdefault(sample.labels["stage"], [0.0, 0.0])
+            if sample.name.endswith("_sum"):
+                entry[0] += sample.value
+            elif sample.name.endswith("_count"):
+                entry[1] += sample.value
+    return {stage: (total, calls) for stage, (total, calls) in totals.items()}
+
+
+def mean_batches(before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]]) -> dict[str, float]:
+    """Mean requests per downstream call of each stage between two batch_totals readings."""
+    out = {}
+    for stage, (total, calls) in after.items():
+        total0, calls0 = before.get(stage, (0.0, 0.0))
+        if calls > calls0:
+            out[stage] = (total - total0) / (calls - calls0)
+    return out
+
+
+def gateway_cache_answers(metrics_port: int) -> dict[str, float]:
+    """The cache-on gateway's answered fraud requests so far, by cache outcome (its /metrics)."""
     counts: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == "meshserve_gateway_requests_total" and sample.labels.get("pipeline") == "fraud":
-                outcome = sample.labels.get("cache", "")
-                counts[outcome] = counts.get(outcome, 0.0) + sample.value
+    for sample in gateway_metric_samples(metrics_port):
+        if sample.name == "meshserve_gateway_requests_total" and sample.labels.get("pipeline") == "fraud":
+            outcome = sample.labels.get("cache", "")
+            counts[outcome] = counts.get(outcome, 0.0) + sample.value
     return counts
 
 
@@ -220,10 +250,12 @@ def miss_stream(t0: int, start: int) -> Callable[[], bytes]:
     return lambda: transaction(next(counter), t0).SerializeToString()
 
 
-def cache_off_pipelines(folder: Path) -> Path:
+def changed_pipelines(folder: Path, **sections: dict) -> Path:
+    """A copy of the pipelines folder with sections of fraud.yaml changed (e.g. cache={"enabled": False})."""
     shutil.copytree(ROOT / "pipelines", folder)
     spec = yaml.safe_load((folder / "fraud.yaml").read_text())
-    spec["cache"]["enabled"] = False
+    for name, values in sections.items():
+        spec[name] = {**spec.get(name, {}), **values}
     (folder / "fraud.yaml").write_text(yaml.safe_dump(spec))
     return folder
 
@@ -240,7 +272,8 @@ def main() -> None:
     valkey = ValkeyServer(port=free_port())
     valkey.start()
     t0 = int(time.time()) - 7200
-    ports = {name: free_port() for name in ("model", "feature", "cache", "gw_on", "gw_off", "gw_on_metrics")}
+    names = ("model", "feature", "cache", "gw_on", "gw_off", "gw_unbatched", "gw_on_metrics", "gw_batch_metrics")
+    ports = {name: free_port() for name in names}
 
     def env(svc: str, port: int, **extra: str) -> dict[str, str]:
         prefix = f"MESHSERVE_{svc.upper()}_"
@@ -257,7 +290,8 @@ def main() -> None:
         f"MESHSERVE_GATEWAY_{s.upper()}_ADDRESS": f"127.0.0.1:{ports[s]}" for s in ("model", "feature", "cache")
     }
     with tempfile.TemporaryDirectory() as tmp:
-        off_dir = cache_off_pipelines(Path(tmp) / "pipelines")
+        off_dir = changed_pipelines(Path(tmp) / "pipelines", cache={"enabled": False})
+        unbatched_dir = changed_pipelines(Path(tmp) / "unbatched", batching={"enabled": False})
         with (
             running("model", [*py, "services.model"], ports["model"], env("model", ports["model"])),
             running("feature", [*py, "services.feature"], ports["feature"], env("feature", ports["feature"])),
@@ -274,6 +308,12 @@ def main() -> None:
                 ports["gw_off"],
                 env("gateway", ports["gw_off"], **addresses, MESHSERVE_GATEWAY_PIPELINES_DIR=str(off_dir)),
             ),
+            running(
+                "gateway micro-batching off",
+                [*py, "services.gateway"],
+                ports["gw_unbatched"],
+                env("gateway", ports["gw_unbatched"], **addresses, MESHSERVE_GATEWAY_PIPELINES_DIR=str(unbatched_dir)),
+            ),
         ):
             results = asyncio.run(measure(args, t0, ports))
             perf = perf_analyzer_zipf(args, t0, ports) if not args.no_perf_analyzer else {}
@@ -287,7 +327,13 @@ async def measure(args: argparse.Namespace, t0: int, ports: dict[str, int]) -> d
     serial = 1_000_000
     for c in args.concurrency:
         serial += 1_000_000
+        before = batch_totals(ports["gw_on_metrics"])
         results[("all-miss", c)] = await load(f"127.0.0.1:{ports['gw_on']}", c, args.seconds, miss_stream(t0, serial))
+        results[("all-miss", c)].batches = mean_batches(before, batch_totals(ports["gw_on_metrics"]))
+        serial += 1_000_000
+        results[(UNBATCHED, c)] = await load(
+            f"127.0.0.1:{ports['gw_unbatched']}", c, args.seconds, miss_stream(t0, serial)
+        )
         results[("zipf cache off", c)] = await load(
             f"127.0.0.1:{ports['gw_off']}", c, args.seconds, zipf_stream(pool, c)
         )
@@ -389,6 +435,38 @@ def report(results: dict[tuple[str, int], Run], args: argparse.Namespace, perf: 
             f"Zipf(1.1) stream: cache on vs off, side by side (perf_analyzer, {PA_STREAM:,} requests "
             "in Zipf order, round and round)",
         )
+
+    batch_rows = []
+    for c in args.concurrency:
+        on, off = results[("all-miss", c)], results[(UNBATCHED, c)]
+        ratio = on.throughput / off.throughput if off.throughput else float("nan")
+        p50, p99 = on.pct(0.5) / off.pct(0.5), on.pct(0.99) / off.pct(0.99)
+        if c == 32:
+            target = f">= {TARGET_BATCHED_C32:.0f}x, lower p50/p99: " + (
+                "yes" if ratio >= TARGET_BATCHED_C32 and p50 < 1 and p99 < 1 else "NO"
+            )
+        elif c == 1:
+            target = f"p50 <= {TARGET_LONE_P50}x: " + ("yes" if p50 <= TARGET_LONE_P50 else "NO")
+        else:
+            target = ""
+        sizes = " ".join(f"{stage} {on.batches[stage]:.1f}" for stage in sorted(on.batches))
+        batch_rows.append([c, on.throughput, off.throughput, f"{ratio:.2f}x", f"{p50:.2f}", f"{p99:.2f}", sizes])
+        batch_rows[-1].append(target)
+        what = "all-miss, micro-batching on vs off, side by side"
+        figures += [
+            figure(f"pipeline.all_miss.c{c}.batching_on_vs_off", round(ratio, 2), "x", what, COMMAND),
+            figure(f"pipeline.all_miss.c{c}.batching_p50_on_vs_off", round(p50, 2), "x", what, COMMAND),
+            figure(f"pipeline.all_miss.c{c}.batching_p99_on_vs_off", round(p99, 2), "x", what, COMMAND),
+        ]
+        for stage, size in on.batches.items():
+            figures.append(
+                figure(f"pipeline.all_miss.c{c}.batch_requests.{stage}", round(size, 2), "requests", command=COMMAND)
+            )
+    print_table(
+        ["concurrency", "on req/s", "off req/s", "on / off", "p50 on/off", "p99 on/off", "requests per call", "target"],
+        batch_rows,
+        "all-miss stream: micro-batching on vs off, side by side",
+    )
 
     stage_rows = []
     for c in args.concurrency:

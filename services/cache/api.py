@@ -8,7 +8,7 @@ Nothing here imports Redis.
 from __future__ import annotations
 
 from services.cache.client import CacheClient
-from services.cache.domain import CachedValue, CacheStats, Invalidation, Removed
+from services.cache.domain import CachedValue, CacheStats, Invalidation, Removed, StoreItem
 from services.cache.entry import Entry
 from services.cache.keys import request_digest, request_key, versioned_key
 from services.cache.l1 import L1Cache
@@ -23,6 +23,7 @@ __all__ = [
     "L1Cache",
     "Removed",
     "SingleFlight",
+    "StoreItem",
     "request_digest",
     "request_key",
     "versioned_key",

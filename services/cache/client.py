@@ -72,15 +72,21 @@ class CacheClient:
     ) -> bool:
         """Store one entry; False when it was not written to Redis (or the cache did not answer)."""
         item = StoreItem(key, value, pipeline, model_name, model_version, ttl_s, stale_ttl_s)
+        return await self.store_many([item], timeout_s=timeout_s, metadata=metadata) == 1
+
+    async def store_many(
+        self, items: Sequence[StoreItem], *, timeout_s: float | None = None, metadata: Sequence[tuple[str, str]] = ()
+    ) -> int:
+        """Store entries in one call; how many were written to Redis (0 when the cache did not answer)."""
         timeout = timeout_s or self.timeout_s * 4
         try:
-            response = await self.stub.Store(converters.store_to_pb([item]), timeout=timeout, metadata=tuple(metadata))
+            response = await self.stub.Store(converters.store_to_pb(items), timeout=timeout, metadata=tuple(metadata))
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
                 raise from_rpc_error(SERVICE, exc) from exc
             log.debug("cache store failed open: %s", exc.code().name)
-            return False
-        return converters.stored_from_pb(response).stored == 1
+            return 0
+        return converters.stored_from_pb(response).stored
 
     async def get_or_compute(
         self,

@@ -30,6 +30,7 @@ class FeatureMatrix:
     columns: int
     feature_names: list[str]
     degraded_rows: int  # rows whose aggregates took their defaults because the online store failed
+    row_degraded: tuple[bool, ...] = ()  # which rows those are (empty: none is)
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,8 +89,9 @@ class FeatureClient:
             response = await self.stub.Compute(request, timeout=timeout_s, metadata=tuple(metadata))
         except grpc.aio.AioRpcError as exc:
             raise from_rpc_error(SERVICE, exc) from exc
-        degraded = sum(1 for f in response.flags if f.degraded)
-        return FeatureMatrix(response.features, response.rows, response.columns, list(response.feature_names), degraded)
+        flags = tuple(f.degraded for f in response.flags)
+        names = list(response.feature_names)
+        return FeatureMatrix(response.features, response.rows, response.columns, names, sum(flags), flags)
 
     async def get_feature_set(
         self, feature_set: str, *, timeout_s: float | None = None, metadata: Metadata = ()

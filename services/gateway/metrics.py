@@ -37,3 +37,15 @@ MODEL_FAILURES = Counter(
 COALESCED = Counter(
     "meshserve_gateway_coalesced_total", "Requests that shared an identical in-flight computation.", ["pipeline"]
 )
+BATCH_MEMBERS = Histogram(
+    "meshserve_gateway_batch_requests",
+    "Requests in one micro-batched downstream call, by pipeline and stage (cache, features, model, store).",
+    ["pipeline", "stage"],
+    buckets=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128, 256),
+)
+BATCH_ROWS = Histogram(
+    "meshserve_gateway_batch_rows",
+    "Rows (keys for the cache) in one micro-batched downstream call, by pipeline and stage.",
+    ["pipeline", "stage"],
+    buckets=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128, 256),
+)

@@ -110,6 +110,29 @@ class Admission(_Strict):
     adaptive: bool = Field(True, description="Adapt the limit to observed latency (gradient, below the cap).")
 
 
+class BatchRows(_Strict):
+    """The most a stage's batch holds: keys for the cache lookup and store, rows for features and the model
+    (at most the model's own max_batch_size, or the model refuses the batch and its members go one by one)."""
+
+    cache: int = Field(256, ge=1)
+    features: int = Field(64, ge=1)
+    model: int = Field(64, ge=1)
+    store: int = Field(256, ge=1)
+
+
+class Batching(_Strict):
+    """Micro-batching between stages: concurrent requests that miss the near cache share one cache lookup,
+    one feature call, one model call and one cache store; each gets its own answer. A lone request goes at
+    once; requests that arrive while a stage's batch is in flight form its next one."""
+
+    enabled: bool = True
+    max_rows: BatchRows = BatchRows()
+    max_inflight: int = Field(1, ge=1, description="Batches of one stage (and model version) in flight at once.")
+    max_delay_ms: float = Field(
+        0.0, ge=0, le=100, description="Wait this long for company before sending (0: never wait)."
+    )
+
+
 class PipelineSpec(_Strict):
     name: str = Field(pattern=r"^[a-z][a-z0-9_\-]*$")
     description: str = ""
@@ -123,6 +146,7 @@ class PipelineSpec(_Strict):
     timeouts: Timeouts = Timeouts()
     degradation: Degradation = Degradation()
     admission: Admission = Admission()
+    batching: Batching = Batching()
 
     @model_validator(mode="after")
     def _references(self) -> PipelineSpec:

@@ -8,16 +8,18 @@ import asyncio
 import logging
 import time
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 from opentelemetry import trace
 
-from services.cache.api import CachedValue, Entry, L1Cache, SingleFlight, request_digest, versioned_key
-from services.common.errors import MeshserveError, Unavailable
+from services.cache.api import CachedValue, Entry, L1Cache, SingleFlight, StoreItem, request_digest, versioned_key
+from services.common.errors import DeadlineExceeded, MeshserveError, Unavailable
 from services.common.tensor_codec import encode_raw
 from services.common.tracing import child_span
 from services.feature.api import FeatureMatrix
 from services.gateway import metrics
+from services.gateway.batching import StageBatcher
 from services.gateway.converters import answer_from_cache, answer_to_cache_value
 from services.gateway.degradation import (
     Failure,
@@ -30,14 +32,17 @@ from services.gateway.degradation import (
 )
 from services.gateway.domain import Answer, OutputSpec
 from services.gateway.inputs import feature_rows
+from services.gateway.joins import Rows, Wire, features_call, lookup_call, model_call, routing_headers, store_call
 from services.gateway.pipeline import PipelineSpec
-from services.gateway.upstream import CacheUpstream, Deadline, FeatureUpstream, Headers, ModelUpstream, hop_headers
+from services.gateway.upstream import CacheUpstream, Deadline, FeatureUpstream, Headers, ModelUpstream
 from services.gateway.versions import ServingVersions
 from services.model.api import InferResult, RawTensor
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("meshserve.gateway")
-Wire = tuple[str, list[int], bytes]  # a tensor's datatype, shape and raw contents
+# Passed-on headers that belong to one request: the members of a batch need not share them.
+PER_REQUEST_HEADERS = ("traceparent", "tracestate", "x-request-id")
+STORE_TIMEOUT_S = 0.2
 
 
 class PipelineRunner:
@@ -68,6 +73,35 @@ class PipelineRunner:
         self.key_inputs = spec.cache.key_inputs or [i.name for i in spec.inputs]
         self._flights: SingleFlight[Answer] = SingleFlight()
         self._stores: set[asyncio.Future[bool]] = set()
+        batching = spec.batching
+
+        def batcher(stage: str, span: str, call: Any, rows: int) -> Any:
+            return StageBatcher(
+                spec.name,
+                stage,
+                span,
+                call,
+                max_rows=rows,
+                max_inflight=batching.max_inflight,
+                max_delay_s=batching.max_delay_ms / 1e3,
+                enabled=batching.enabled,
+            )
+
+        caps = batching.max_rows
+        self._lookups: StageBatcher[list[bytes], list[CachedValue | None]] = batcher(
+            "cache", "cache.lookup", lookup_call(cache, spec.name), caps.cache
+        )
+        stage = spec.features
+        self._computes: StageBatcher[Rows, FeatureMatrix] = batcher(
+            "features",
+            "features",
+            features_call(features, stage.feature_set if stage else "", stage.budget_ms if stage else 0.0),
+            caps.features,
+        )
+        self._infers: StageBatcher[dict[str, Wire], InferResult] = batcher(
+            "model", "model", model_call(model), caps.model
+        )
+        self._writes: StageBatcher[StoreItem, bool] = batcher("store", "cache.store", store_call(cache), caps.store)
 
     @property
     def model_outputs(self) -> Mapping[str, OutputSpec]:
@@ -85,6 +119,13 @@ class PipelineRunner:
         return await self._flights.do(flight_key, lambda: self._compute(inputs, flight_key, rows, deadline, headers))
 
     # -- stages --------------------------------------------------------------------------------------------
+
+    def _route(self, headers: Headers) -> tuple[tuple[str, str], ...]:
+        """The lane of a stage's batcher: requests with the same routing headers share batches (without
+        batching, each request's call carries all its headers)."""
+        if self.spec.batching.enabled:
+            return routing_headers(headers, PER_REQUEST_HEADERS)
+        return tuple(headers)
 
     def _cache_keys(self, digest: bytes) -> list[tuple[str, bytes]]:
         model = self.spec.model
@@ -112,9 +153,10 @@ class PipelineRunner:
                     return CachedValue(entry.value, entry.model_version, now - entry.stored_at, False), None
         with child_span(tracer, "cache.lookup", {"cache.keys": len(keys)}):
             timeout = deadline.for_hop(self.spec.timeouts.cache_ms, "the cache lookup")
-            hits = await self.cache.lookup(
-                [k for _, k in keys], self.spec.name, allow_stale=True, timeout_s=timeout, metadata=hop_headers(headers)
-            )
+            try:
+                hits = await self._lookups.submit([k for _, k in keys], len(keys), timeout, self._route(headers))
+            except DeadlineExceeded:  # the cache fails open: a late lookup is a miss
+                hits = [None] * len(keys)
         stages["cache"] = (time.perf_counter() - start) * 1e3
         fresh_at = next((i for i, h in enumerate(hits) if h is not None and not h.stale), None)
         stale = next((h for h in hits if h is not None and h.stale), None)
@@ -144,9 +186,7 @@ class PipelineRunner:
         fields = feature_rows(self.spec, inputs, rows)
         with child_span(tracer, "features", {"feature.set": stage.feature_set, "rows": rows}):
             try:
-                return await self.features.compute(
-                    stage.feature_set, fields, stage.budget_ms, timeout_s=timeout, metadata=hop_headers(headers)
-                )
+                return await self._computes.submit(fields, rows, timeout, self._route(headers))
             except MeshserveError as exc:
                 failure = feature_failure(exc)
                 if failure is None:
@@ -164,15 +204,15 @@ class PipelineRunner:
         self, name: str, version: str, tensors: Mapping[str, Wire], deadline: Deadline, headers: Headers
     ) -> InferResult:
         """One model call; a failure the policy answers for raises Failure, any other error goes on."""
-        inputs = [RawTensor(model_input, *tensors[tensor]) for model_input, tensor in self.model_inputs.items()]
+        inputs = {model_input: tensors[tensor] for model_input, tensor in self.model_inputs.items()}
+        rows = next(iter(inputs.values()))[1][0]
         try:
             timeout = deadline.for_hop(self.spec.timeouts.model_ms, f"calling model {name!r}")
         except MeshserveError as exc:
             raise Failure("model_timeout", exc) from exc
         with child_span(tracer, "model", {"model.name": name, "model.version": version}):
             try:
-                metadata = hop_headers((*headers, ("x-model-version", version)) if version else headers)
-                result = await self.model.infer(name, version, inputs, timeout_s=timeout, metadata=metadata)
+                result = await self._infers.submit(inputs, rows, timeout, (name, version, self._route(headers)))
             except MeshserveError as exc:
                 failure = model_failure(exc)
                 if failure is None:
@@ -308,17 +348,12 @@ class PipelineRunner:
 
     async def _store(self, key: bytes, value: bytes, version: str, headers: Headers) -> bool:
         policy = self.spec.cache
+        item = StoreItem(key, value, self.spec.name, self.spec.model.name, version, policy.ttl_s, policy.stale_s)
         with child_span(tracer, "cache.store"):
-            return await self.cache.store(
-                key,
-                value,
-                pipeline=self.spec.name,
-                model_name=self.spec.model.name,
-                model_version=version,
-                ttl_s=policy.ttl_s,
-                stale_ttl_s=policy.stale_s,
-                metadata=hop_headers(headers),
-            )
+            try:
+                return await self._writes.submit(item, 1, STORE_TIMEOUT_S, self._route(headers))
+            except DeadlineExceeded:
+                return False
 
     def _finish(self, answer: Answer, stages: dict[str, float], t0: float) -> Answer:
         answer.stages_ms = stages
@@ -326,5 +361,8 @@ class PipelineRunner:
         return answer
 
     async def drain_stores(self, timeout_s: float = 2.0) -> None:
+        """Wait for the stores and batches still in flight (at shutdown)."""
         if self._stores:
             await asyncio.wait(list(self._stores), timeout=timeout_s)
+        for batcher in (self._lookups, self._computes, self._infers, self._writes):
+            await batcher.drain(timeout_s)

@@ -14,7 +14,7 @@ from typing import Protocol
 import grpc
 from opentelemetry import propagate
 
-from services.cache.api import CacheClient, CachedValue, Invalidation
+from services.cache.api import CacheClient, CachedValue, Invalidation, StoreItem
 from services.common.errors import DeadlineExceeded
 from services.common.server import transport_options
 from services.feature.api import FeatureClient, FeatureMatrix, FieldValue
@@ -47,19 +47,9 @@ class CacheUpstream(Protocol):
         metadata: Headers = (),
     ) -> list[CachedValue | None]: ...
 
-    async def store(
-        self,
-        key: bytes,
-        value: bytes,
-        *,
-        pipeline: str,
-        model_name: str,
-        model_version: str,
-        ttl_s: float,
-        stale_ttl_s: float = 0.0,
-        timeout_s: float | None = None,
-        metadata: Headers = (),
-    ) -> bool: ...
+    async def store_many(
+        self, items: Sequence[StoreItem], *, timeout_s: float | None = None, metadata: Headers = ()
+    ) -> int: ...
 
 
 class WatchUpstream(Protocol):

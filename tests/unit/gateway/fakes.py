@@ -9,8 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from services.cache.api import CachedValue, Invalidation
-from services.common.errors import MeshserveError, Unavailable
+from services.cache.api import CachedValue, Invalidation, StoreItem
+from services.common.errors import InvalidArgument, MeshserveError, Unavailable
 from services.feature.api import FeatureMatrix, FeatureSetInfo, FieldValue
 from services.gateway.converters import answer_to_cache_value
 from services.gateway.domain import Answer
@@ -68,11 +68,11 @@ def pipeline(**overrides: Any) -> PipelineSpec:
     return PipelineSpec.model_validate(pipeline_document(**overrides))
 
 
-def inputs(rows: int = 1, user: str = "u") -> dict[str, np.ndarray]:
+def inputs(rows: int = 1, user: str = "u", amount: float = 12.5) -> dict[str, np.ndarray]:
     """Checked inputs of `pipeline()` ([rows, 1] each)."""
     return {
         "user_id": np.array([[user.encode()]] * rows, dtype=object),
-        "amount": np.full((rows, 1), 12.5, np.float32),
+        "amount": np.full((rows, 1), amount, np.float32),
     }
 
 
@@ -101,22 +101,13 @@ class FakeCache:
             raise self.error
         return [self.hits[i] if i < len(self.hits) else None for i in range(len(keys))]
 
-    async def store(
-        self,
-        key: bytes,
-        value: bytes,
-        *,
-        pipeline: str,
-        model_name: str,
-        model_version: str,
-        ttl_s: float,
-        stale_ttl_s: float = 0.0,
-        timeout_s: float | None = None,
-        metadata: Sequence[tuple[str, str]] = (),
-    ) -> bool:
-        self.log.append(f"cache.store {model_name}:{model_version}")
-        self.stored.append((key, value, model_version))
-        return True
+    async def store_many(
+        self, items: Sequence[StoreItem], *, timeout_s: float | None = None, metadata: Sequence[tuple[str, str]] = ()
+    ) -> int:
+        for item in items:
+            self.log.append(f"cache.store {item.model_name}:{item.model_version}")
+            self.stored.append((item.key, item.value, item.model_version))
+        return len(items)
 
     async def stats(self, timeout_s: float | None = None, metadata: Sequence[tuple[str, str]] = ()) -> object:
         return object()
@@ -129,12 +120,16 @@ class FakeCache:
 
 
 class FakeFeatures:
-    """FeatureClient's compute: COLUMNS zeros per row, `degraded_rows` flagged; `error` raises instead."""
+    """FeatureClient's compute: COLUMNS zeros per row (the row's amount in the first column); the first
+    `degraded_rows` rows and the rows of `degraded_users` flagged; `error` raises instead, and so does a row of
+    a user in `refused_users` (INVALID_ARGUMENT, as a field the service cannot read)."""
 
     def __init__(self, log: list[str]) -> None:
         self.log = log
         self.error: MeshserveError | None = None
         self.degraded_rows = 0
+        self.degraded_users: set[str] = set()
+        self.refused_users: set[str] = set()
         self.rows: list[list[dict[str, FieldValue]]] = []
         self.delay_s = 0.0
 
@@ -153,9 +148,14 @@ class FakeFeatures:
             await asyncio.sleep(self.delay_s)
         if self.error is not None:
             raise self.error
-        matrix = np.zeros((len(rows), COLUMNS), np.float32).tobytes()
+        refused = [r["user_id"] for r in rows if r.get("user_id") in self.refused_users]
+        if refused:
+            raise InvalidArgument(f"row of user {refused[0]!r}: unreadable field")
+        matrix = np.zeros((len(rows), COLUMNS), np.float32)
+        matrix[:, 0] = [float(r.get("amount", 0.0)) for r in rows]
         names = [f"f{i}" for i in range(COLUMNS)]
-        return FeatureMatrix(matrix, len(rows), COLUMNS, names, self.degraded_rows)
+        flags = tuple(i < self.degraded_rows or r.get("user_id") in self.degraded_users for i, r in enumerate(rows))
+        return FeatureMatrix(matrix.tobytes(), len(rows), COLUMNS, names, sum(flags), flags)
 
     async def get_feature_set(
         self, feature_set: str, *, timeout_s: float | None = None, metadata: Sequence[tuple[str, str]] = ()
@@ -174,6 +174,7 @@ class FakeModel:
         self.inputs: list[list[RawTensor]] = []
         self.reachable = True
         self.gate: asyncio.Event | None = None  # infer waits for it when set
+        self.echo = False  # answer each row's first feature / 100 instead of the constant
 
     async def infer(
         self,
@@ -193,6 +194,9 @@ class FakeModel:
             raise error
         answered, value = self.values[(model, version)]
         rows = inputs[0].shape[0]
+        if self.echo:
+            first = np.frombuffer(inputs[0].raw, np.float32).reshape(rows, -1)[:, :1] / 100
+            return InferResult(model, answered, [RawTensor("score", "FP32", [rows, 1], first.tobytes())])
         return InferResult(model, answered, [score(value, rows)])
 
     async def describe(

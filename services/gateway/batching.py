@@ -1,0 +1,193 @@
+"""Work-conserving micro-batching of one pipeline stage: concurrent callers join one downstream call, and each
+gets back its own part of the answer.
+
+A lane (one per stage and routing key: the model version asked for, the passed-on routing headers) sends at
+once when it has a free slot: a lone caller's call goes out in the next loop step. Callers that arrive while
+the lane's batches are in flight queue up and form the next batch when one returns, up to the stage's row cap.
+Nothing waits on a timer unless `max_delay_s` says so. Each caller keeps its own deadline (a timer answers it
+`DEADLINE_EXCEEDED`, the batch goes on for the others) and its own cancellation (a cancelled caller's future is
+dropped; the batch is never cancelled for it). The batch's own timeout is the latest of its members'.
+
+Traces stay per request: each caller waits inside its own stage span; the batched call has a span of its own,
+`<stage span>.batch`, a child of the first member's stage span, with one link per member. The downstream hop
+carries that span's trace context.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Hashable, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+from opentelemetry import trace
+
+from services.common.errors import DeadlineExceeded
+from services.gateway import metrics
+
+T = TypeVar("T")  # what one caller hands the stage
+R = TypeVar("R")  # what it gets back
+tracer = trace.get_tracer("meshserve.gateway")
+
+# One downstream call for a batch: the members' items, the call's timeout and its lane key -> one result or
+# exception per member, in order. Raising fails every member with that error.
+BatchCall = Callable[[Sequence[T], float, Hashable], Awaitable[Sequence["R | BaseException"]]]
+
+
+@dataclass(eq=False)
+class _Member(Generic[T, R]):
+    item: T
+    rows: int
+    end: float  # monotonic time of this caller's deadline for the hop
+    future: asyncio.Future[R]
+    span: trace.SpanContext
+    timer: asyncio.TimerHandle | None = None
+
+
+@dataclass(eq=False)
+class _Lane(Generic[T, R]):
+    key: Hashable
+    queue: deque[_Member[T, R]] = field(default_factory=deque)
+    inflight: int = 0
+    pending: asyncio.Handle | None = None  # the scheduled launch of the next batch
+
+
+class StageBatcher(Generic[T, R]):
+    """The micro-batcher of one stage of one pipeline (`stage` names it in metrics, `span` in traces)."""
+
+    def __init__(
+        self,
+        pipeline: str,
+        stage: str,
+        span: str,
+        call: BatchCall[T, R],
+        *,
+        max_rows: int,
+        max_inflight: int = 1,
+        max_delay_s: float = 0.0,
+        enabled: bool = True,
+    ) -> None:
+        self.pipeline = pipeline
+        self.stage = stage
+        self.span_name = f"{span}.batch"
+        self.call = call
+        self.max_rows = max_rows
+        self.max_inflight = max_inflight
+        self.max_delay_s = max_delay_s
+        self.enabled = enabled
+        self._lanes: dict[Hashable, _Lane[T, R]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._members = metrics.BATCH_MEMBERS.labels(pipeline, stage)
+        self._rows = metrics.BATCH_ROWS.labels(pipeline, stage)
+
+    async def submit(self, item: T, rows: int, timeout_s: float, key: Hashable = ()) -> R:
+        """This caller's part of the stage's answer; raises the call's error, or DeadlineExceeded once
+        `timeout_s` has passed (the batch goes on)."""
+        if not self.enabled:
+            result = (await self.call([item], timeout_s, key))[0]
+            if isinstance(result, BaseException):
+                raise result
+            return result
+        loop = asyncio.get_running_loop()
+        member: _Member[T, R] = _Member(
+            item, rows, time.monotonic() + timeout_s, loop.create_future(), trace.get_current_span().get_span_context()
+        )
+        member.timer = loop.call_later(timeout_s, self._expire, member, timeout_s)
+        lane = self._lanes.get(key)
+        if lane is None:
+            lane = self._lanes[key] = _Lane(key)
+        lane.queue.append(member)
+        self._schedule(lane, loop)
+        try:
+            return await member.future
+        finally:
+            member.timer.cancel()
+
+    def _expire(self, member: _Member[T, R], timeout_s: float) -> None:
+        if not member.future.done():
+            member.future.set_exception(
+                DeadlineExceeded(f"{self.stage} did not answer within {timeout_s * 1e3:.0f} ms")
+            )
+
+    # -- forming batches -----------------------------------------------------------------------------------
+
+    def _schedule(self, lane: _Lane[T, R], loop: asyncio.AbstractEventLoop) -> None:
+        """Launch the next batch in the next loop step (so callers of this step join it), or after
+        `max_delay_s` unless the queue already holds a full batch; nothing when no slot is free."""
+        if lane.inflight >= self.max_inflight or not lane.queue:
+            return
+        waiting = self.max_delay_s > 0 and sum(m.rows for m in lane.queue) < self.max_rows
+        if isinstance(lane.pending, asyncio.TimerHandle) and not waiting:
+            lane.pending.cancel()  # the batch filled up while it waited for company
+            lane.pending = None
+        if lane.pending is None:
+            lane.pending = (
+                loop.call_later(self.max_delay_s, self._launch, lane) if waiting else loop.call_soon(self._launch, lane)
+            )
+
+    def _launch(self, lane: _Lane[T, R]) -> None:
+        lane.pending = None
+        members: list[_Member[T, R]] = []
+        rows = 0
+        while lane.queue:
+            member = lane.queue[0]
+            if member.future.done():  # expired or cancelled while queued
+                lane.queue.popleft()
+                continue
+            if members and rows + member.rows > self.max_rows:
+                break
+            lane.queue.popleft()
+            members.append(member)
+            rows += member.rows
+        if not members:
+            return
+        lane.inflight += 1
+        task = asyncio.create_task(self._run(lane, members, rows))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run(self, lane: _Lane[T, R], members: list[_Member[T, R]], rows: int) -> None:
+        self._members.observe(len(members))
+        self._rows.observe(rows)
+        timeout = max(m.end for m in members) - time.monotonic()
+        results: Sequence[R | BaseException]
+        try:
+            with self._span(members, rows):
+                results = await self.call([m.item for m in members], max(timeout, 0.001), lane.key)
+            if len(results) != len(members):
+                raise RuntimeError(f"{self.stage}: {len(results)} results for {len(members)} members")
+        except Exception as exc:  # the whole call failed: every member gets its error
+            results = [exc] * len(members)
+        finally:
+            lane.inflight -= 1
+            self._schedule(lane, asyncio.get_running_loop())
+        for member, result in zip(members, results, strict=True):
+            if member.future.done():
+                continue
+            if isinstance(result, BaseException):
+                member.future.set_exception(result)
+            else:
+                member.future.set_result(result)
+
+    def _span(self, members: Sequence[_Member[T, R]], rows: int) -> AbstractContextManager[object]:
+        """The batch's span, a child of the first member's stage span and linked to every member's; when the
+        first member is not sampled, no span, but the hop still carries that member's (unsampled) context."""
+        first = members[0].span
+        if not first.trace_flags.sampled:
+            return trace.use_span(trace.NonRecordingSpan(first))
+        links = [trace.Link(m.span, {"batch.index": i}) for i, m in enumerate(members) if m.span.is_valid]
+        return tracer.start_as_current_span(
+            self.span_name,
+            context=trace.set_span_in_context(trace.NonRecordingSpan(first)),
+            kind=trace.SpanKind.CLIENT,
+            links=links,
+            attributes={"batch.members": len(members), "batch.rows": rows},
+        )
+
+    async def drain(self, timeout_s: float = 2.0) -> None:
+        """Wait for the batches in flight (at shutdown)."""
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=timeout_s)
