@@ -6,6 +6,16 @@ Definitions (times in nanoseconds; a trace's spans may come from clocks of diffe
 * A span's **self time** is its duration minus the union of its children's intervals, each clipped to the span
   (overlapping children count once; children outside the span do not count).
 * A **stage** (see `services.traces.stages`) takes, per trace, the sum of the self times of its spans there.
+* A **batched call** does one downstream call for several requests: the gateway's `<stage span>.batch` span (a span
+  with attribute `batch.members`, or links carrying `batch.index`), a child of the first member's stage span, with a
+  link to every member's stage span. Its subtree (Envoy's spans, the callee and its inner spans) lies in the first
+  member's trace only, where it counts as it is. In every other member's trace, the part of the member span's self
+  time that falls inside the batch span's interval is **attributed** to the stages of the batch span's subtree, split
+  in the proportions of that subtree's self times per stage (`attribute_batches`); what lies outside it (waiting
+  for the batch to form, taking the answer apart) stays the member span's own. So a member's breakdown reads like
+  the first member's, and a shared hop's time counts once per member (each waited for all of it). This needs the
+  batch span's trace among the spans assembled (`meshserve traces` loads it through the store's links); without it
+  the member span keeps its self time. Waterfalls and critical paths show the spans as they are.
 * A stage's **share** is the sum of its self time over the traces considered divided by the sum of their
   end-to-end times; its **share of p99** is the same over only the **p99-slowest traces**: those whose
   end-to-end time is at or above the p99 (nearest rank) of the traces considered, so at least the slowest one.
@@ -26,7 +36,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from services.traces.records import STATUS_ERROR, SpanRecord
+from services.traces.records import BATCH_INDEX, BATCH_MEMBERS, STATUS_ERROR, SpanRecord
 from services.traces.stages import stage_name
 
 
@@ -39,6 +49,8 @@ class Node:
     children: list[Node] = field(default_factory=list)
     self_ns: int = 0
     orphan: bool = False  # has a parent id whose span is not (yet) in the trace
+    # The part of self_ns spent waiting on batched calls of other traces, by the stage it is attributed to.
+    shared: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(eq=False)
@@ -85,10 +97,12 @@ class Trace:
             stack.extend((c, depth + 1) for c in reversed(node.children))
 
     def stage_self_ns(self) -> dict[str, int]:
-        """Self time per stage in this trace."""
+        """Self time per stage in this trace, a member span's shared part under the batch subtree's stages."""
         out: dict[str, int] = defaultdict(int)
         for node in self.nodes:
-            out[node.stage] += node.self_ns
+            out[node.stage] += node.self_ns - sum(node.shared.values())
+            for stage, ns in node.shared.items():
+                out[stage] += ns
         return dict(out)
 
 
@@ -117,7 +131,8 @@ def self_time_ns(span: SpanRecord, children: Sequence[SpanRecord]) -> int:
 
 
 def assemble(spans: Iterable[SpanRecord]) -> list[Trace]:
-    """Trace trees from spans in any order (duplicates ignored, missing parents make extra roots), by start."""
+    """Trace trees from spans in any order (duplicates ignored, missing parents make extra roots), by start, with
+    the batched calls among them attributed to their members in the other traces (`attribute_batches`)."""
     by_trace: dict[str, dict[str, Node]] = defaultdict(dict)
     for span in spans:
         if not span.trace_id:
@@ -143,7 +158,85 @@ def assemble(spans: Iterable[SpanRecord]) -> list[Trace]:
         roots.sort(key=lambda n: (n.orphan, n.span.start_ns, n.span.span_id))
         traces.append(Trace(trace_id, roots, ordered))
     traces.sort(key=lambda t: (t.start_ns, t.trace_id))
+    attribute_batches(traces)
     return traces
+
+
+def is_batch(span: SpanRecord) -> bool:
+    """Whether the span is a batched call: it has links and says so (`batch.members`, or `batch.index` on links)."""
+    return bool(span.links) and (
+        BATCH_MEMBERS in span.attributes or any(BATCH_INDEX in link.attributes for link in span.links)
+    )
+
+
+def free_intervals(node: Node) -> list[tuple[int, int]]:
+    """The parts of the node's span that none of its children covers (its self time as intervals), in order."""
+    lo, hi = node.span.start_ns, node.span.end_ns
+    out: list[tuple[int, int]] = []
+    cursor = lo
+    for a, b in sorted((max(c.span.start_ns, lo), min(c.span.end_ns, hi)) for c in node.children):
+        if b <= a:
+            continue
+        if a > cursor:
+            out.append((cursor, a))
+        cursor = max(cursor, b)
+    if hi > cursor:
+        out.append((cursor, hi))
+    return out
+
+
+def subtree_self_ns(node: Node) -> dict[str, int]:
+    """Self time per stage of the node and all its descendants."""
+    out: dict[str, int] = defaultdict(int)
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        out[n.stage] += n.self_ns
+        stack.extend(n.children)
+    return dict(out)
+
+
+def split_ns(total: int, weights: dict[str, int]) -> dict[str, int]:
+    """`total` in parts proportional to `weights` (positive sum), the parts adding up to it exactly (the leftover
+    nanoseconds go to the largest remainders)."""
+    whole = sum(weights.values())
+    parts = {stage: total * w // whole for stage, w in weights.items()}
+    leftover = total - sum(parts.values())
+    by_remainder = sorted(weights, key=lambda stage: (-(total * weights[stage] % whole), stage))
+    for stage in by_remainder[:leftover]:
+        parts[stage] += 1
+    return {stage: ns for stage, ns in parts.items() if ns}
+
+
+def attribute_batches(traces: Sequence[Trace]) -> int:
+    """Set `shared` on every member span that a batched call of another trace among `traces` links to (see the
+    module docstring); returns how many member spans got a share. Several batched calls of one member (its rows in
+    more than one batch) each take the member's self time inside their interval that an earlier one has not taken."""
+    nodes = {(n.span.trace_id, n.span.span_id): n for t in traces for n in t.nodes}
+    waited_on: dict[tuple[str, str], dict[int, Node]] = defaultdict(dict)
+    for trace in traces:
+        for node in trace.nodes:
+            if is_batch(node.span):
+                for link in node.span.links:
+                    if link.trace_id != node.span.trace_id:  # in its own trace the subtree is already there
+                        waited_on[(link.trace_id, link.span_id)][id(node)] = node
+    attributed = 0
+    for key, batches in waited_on.items():
+        member = nodes.get(key)
+        if member is None:
+            continue
+        free = free_intervals(member)
+        shared: dict[str, int] = defaultdict(int)
+        for batch in sorted(batches.values(), key=lambda n: (n.span.start_ns, n.span.span_id)):
+            lo, hi = batch.span.start_ns, batch.span.end_ns
+            inside = sum(max(0, min(b, hi) - max(a, lo)) for a, b in free)
+            free = [piece for a, b in free for piece in ((a, min(b, lo)), (max(a, hi), b)) if piece[0] < piece[1]]
+            weights = {stage: ns for stage, ns in subtree_self_ns(batch).items() if ns > 0} or {batch.stage: 1}
+            for stage, ns in split_ns(inside, weights).items():
+                shared[stage] += ns
+        member.shared = dict(shared)
+        attributed += bool(member.shared)
+    return attributed
 
 
 def select(traces: Sequence[Trace], last: int | None = None, since_ns: int | None = None) -> list[Trace]:

@@ -52,10 +52,13 @@ def _open(db: Path) -> TraceStore:
 
 
 def load_traces(store: TraceStore, last: int | None = None, since_s: float | None = None) -> list[Trace]:
-    """The `last` most recent traces (started in the last `since_s` seconds), assembled, oldest first."""
+    """The `last` most recent traces (started in the last `since_s` seconds), assembled, oldest first; assembled
+    with the traces of the batched calls that link to their spans, so that members get their share of them."""
     since_ns = None if since_s is None else time.time_ns() - int(since_s * 1e9)
-    rows = store.recent_traces(last, since_ns)
-    return select(assemble(store.spans(r.trace_id for r in rows)), last, since_ns)
+    wanted = {r.trace_id for r in store.recent_traces(last, since_ns)}
+    batch_traces = {s.trace_id for s in store.linking_spans(wanted)} - wanted
+    traces = assemble(store.spans(wanted) + store.spans(batch_traces))
+    return select([t for t in traces if t.trace_id in wanted], last, since_ns)
 
 
 @app.command("list")
@@ -81,8 +84,9 @@ def show(
     trace_id: Annotated[str, typer.Argument(help="Trace id, or a unique prefix of one.")],
     db: Db = DEFAULT_DB,
 ) -> None:
-    """A trace as a waterfall: the indented span tree with service, total and self time, bars to scale."""
-    from services.traces.render import waterfall
+    """A trace as a waterfall: the indented span tree with service, total and self time, bars to scale; then the
+    links: a batched call's members, and for a member span the batched call it was part of."""
+    from services.traces.render import link_lines, waterfall
 
     with _open(db) as store:
         matches = store.find_traces(trace_id)
@@ -94,8 +98,14 @@ def show(
             )
             raise typer.Exit(1 if not matches else 2)
         traces = assemble(store.spans(matches))
+        linking = store.linking_spans(matches)
     console = _console()
-    console.print(waterfall(traces[0], console.width))
+    console.print(waterfall(traces[0], console.width, linking))
+    lines = link_lines(traces[0], linking)
+    if lines:
+        console.print("links:", highlight=False)
+        for line in lines:
+            console.print(line, highlight=False, soft_wrap=True)
 
 
 @app.command()

@@ -1,4 +1,4 @@
-"""Conversion of an OTLP ExportTraceServiceRequest into span records (spans without a trace id are dropped)."""
+"""Conversion of an OTLP ExportTraceServiceRequest into span records with their links (no trace id: dropped)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ from typing import Any
 
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 from opentelemetry.proto.common.v1 import common_pb2
+from opentelemetry.proto.trace.v1 import trace_pb2
 
-from services.traces.records import SpanRecord
+from services.traces.records import SpanLink, SpanRecord
 
 
 def any_value(value: common_pb2.AnyValue) -> Any:
@@ -24,13 +25,26 @@ def any_value(value: common_pb2.AnyValue) -> Any:
     return getattr(value, which)
 
 
+def links(span: trace_pb2.Span) -> tuple[SpanLink, ...]:
+    """The span's links that point to a span (non-zero trace and span ids), ids as lowercase hex."""
+    return tuple(
+        SpanLink(
+            trace_id=link.trace_id.hex(),
+            span_id=link.span_id.hex(),
+            attributes={kv.key: any_value(kv.value) for kv in link.attributes},
+        )
+        for link in span.links
+        if link.trace_id.strip(b"\0") and link.span_id.strip(b"\0")
+    )
+
+
 def span_count(request: trace_service_pb2.ExportTraceServiceRequest) -> int:
     """How many spans the request carries (cheap: no conversion)."""
     return sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans)
 
 
 def records_from_request(request: trace_service_pb2.ExportTraceServiceRequest) -> list[SpanRecord]:
-    """Every span with a non-zero trace id, its service.name taken from the resource attributes."""
+    """Every span with a non-zero trace id, its service.name taken from the resource attributes, with its links."""
     records: list[SpanRecord] = []
     for resource_spans in request.resource_spans:
         service = ""
@@ -54,6 +68,7 @@ def records_from_request(request: trace_service_pb2.ExportTraceServiceRequest) -
                         end_ns=int(span.end_time_unix_nano),
                         status=int(span.status.code),
                         attributes={kv.key: any_value(kv.value) for kv in span.attributes},
+                        links=links(span),
                     )
                 )
     return records

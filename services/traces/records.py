@@ -1,4 +1,4 @@
-"""The span record kept per span (one row in the store), with the OTLP kind and status codes."""
+"""The span record kept per span (one row in the store, its links with it), with the OTLP kind and status codes."""
 
 from __future__ import annotations
 
@@ -8,6 +8,18 @@ from typing import Any
 KIND_UNSPECIFIED, KIND_INTERNAL, KIND_SERVER, KIND_CLIENT, KIND_PRODUCER, KIND_CONSUMER = range(6)
 KIND_NAMES = {0: "unspecified", 1: "internal", 2: "server", 3: "client", 4: "producer", 5: "consumer"}
 STATUS_UNSET, STATUS_OK, STATUS_ERROR = 0, 1, 2
+# The gateway's batched downstream call (`<stage span>.batch`) carries BATCH_MEMBERS and BATCH_ROWS, and one link
+# per member request, to that member's stage span, with BATCH_INDEX (its place in the batch).
+BATCH_MEMBERS, BATCH_ROWS, BATCH_INDEX = "batch.members", "batch.rows", "batch.index"
+
+
+@dataclass(frozen=True, slots=True)
+class SpanLink:
+    """An OpenTelemetry span link: the span it points to (lowercase hex ids) and the link's attributes."""
+
+    trace_id: str
+    span_id: str
+    attributes: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,6 +36,7 @@ class SpanRecord:
     end_ns: int
     status: int = STATUS_UNSET
     attributes: dict[str, Any] = field(default_factory=dict)
+    links: tuple[SpanLink, ...] = ()
 
     @property
     def duration_ns(self) -> int:

@@ -1,4 +1,5 @@
-"""Rich renderables for `meshserve traces`: the trace list, a span waterfall, the stage table, critical paths."""
+"""Rich renderables for `meshserve traces`: the trace list, a span waterfall and its links, the stage table, critical
+paths."""
 
 from __future__ import annotations
 
@@ -8,11 +9,22 @@ from datetime import datetime
 from rich.table import Table
 from rich.text import Text
 
-from services.traces.analysis import Breakdown, PathStep, Trace
-from services.traces.records import KIND_CLIENT, KIND_NAMES, KIND_SERVER, STATUS_ERROR
+from services.traces.analysis import Breakdown, Node, PathStep, Trace, is_batch
+from services.traces.records import (
+    BATCH_INDEX,
+    BATCH_MEMBERS,
+    KIND_CLIENT,
+    KIND_NAMES,
+    KIND_SERVER,
+    STATUS_ERROR,
+    SpanLink,
+    SpanRecord,
+)
 from services.traces.store import TraceRow
 
 BAR_WIDTH = 40
+LINKS_SHOWN = 4  # members named on a batched call's line; the rest are counted
+LINKED = " ↔"  # after the name of a span that has links or is linked to: its line is under the waterfall
 
 
 def ms(ns: float) -> str:
@@ -54,9 +66,11 @@ def bar(start_ns: int, end_ns: int, lo: int, hi: int, width: int = BAR_WIDTH, st
     return text
 
 
-def waterfall(trace: Trace, total_width: int = 160) -> Table:
+def waterfall(trace: Trace, total_width: int = 160, linking: Sequence[SpanRecord] = ()) -> Table:
     """The span tree, indented (server/client kind noted), with stage, service, offset, total and self time, and a
-    bar scaled to the trace, laid out to fit `total_width` columns (the span names give way first)."""
+    bar scaled to the trace, laid out to fit `total_width` columns (the span names give way first). Spans with
+    links, or linked to by one of `linking` (the spans that link to this trace's spans), are marked `↔`."""
+    linked = {(link.trace_id, link.span_id) for s in linking for link in s.links}
     lo, hi = trace.start_ns, trace.end_ns
     title = f"trace {trace.trace_id}  {ms(trace.duration_ns)} ms  {len(trace.nodes)} spans"
     if not trace.complete:
@@ -81,6 +95,8 @@ def waterfall(trace: Trace, total_width: int = 160) -> Table:
         name = Text("  " * depth + ("└ " if depth else "") + span.name, style="red" if error else "")
         if span.kind in (KIND_SERVER, KIND_CLIENT):
             name.append(f" ({KIND_NAMES[span.kind]})", style="dim")
+        if span.links or (span.trace_id, span.span_id) in linked:
+            name.append(LINKED, style="bold")
         name.truncate(span_w, overflow="ellipsis")
         table.add_row(
             name,
@@ -92,6 +108,64 @@ def waterfall(trace: Trace, total_width: int = 160) -> Table:
             bar(span.start_ns, span.end_ns, lo, hi, bar_w, "red" if error else "cyan"),
         )
     return table
+
+
+def members(span: SpanRecord) -> int:
+    """How many requests a batched call served: its `batch.members`, or its links if more (an exporter's link limit,
+    128 by default in the OTel SDK, may have dropped some links, never members)."""
+    said = span.attributes.get(BATCH_MEMBERS)
+    return max(len(span.links), said if isinstance(said, int) and not isinstance(said, bool) else 0)
+
+
+def _link_ref(link: SpanLink | SpanRecord) -> str:
+    return f"{link.trace_id}/{link.span_id}"
+
+
+def _links_text(span: SpanRecord) -> str:
+    """`links: 8 members: <trace>/<span>, ... and 4 more` (batch order), or `links: 2 spans: ...` for other links."""
+    links = sorted(span.links, key=_batch_index)
+    total = members(span) if is_batch(span) else len(links)
+    shown = ", ".join(_link_ref(ln) for ln in links[:LINKS_SHOWN])
+    more = total - min(len(links), LINKS_SHOWN)
+    what = "member" if is_batch(span) else "span"
+    return f"links: {total} {what}{'' if total == 1 else 's'}: {shown}" + (f" and {more} more" if more > 0 else "")
+
+
+def _batch_index(link: SpanLink) -> int:
+    """The member's place in the batch (links without one last, in their order)."""
+    index = link.attributes.get(BATCH_INDEX)
+    return index if isinstance(index, int) else 1 << 62
+
+
+def _linked_text(by: SpanRecord) -> str:
+    """`batched with 7 others in <trace>/<span> (model.batch)`, or `linked from <trace>/<span> (<name>)`."""
+    if not is_batch(by):
+        return f"linked from {_link_ref(by)} ({by.name})"
+    others = max(0, members(by) - 1)
+    return f"batched with {others} other{'' if others == 1 else 's'} in {_link_ref(by)} ({by.name})"
+
+
+def link_lines(trace: Trace, linking: Sequence[SpanRecord] = ()) -> list[Text]:
+    """One line per span of the trace (in waterfall order) that has links or that one of `linking` links to: its
+    members for a batched call, the batched call it was part of for a member."""
+    by_target: dict[tuple[str, str], list[SpanRecord]] = {}
+    for s in sorted(linking, key=lambda r: (r.start_ns, r.trace_id, r.span_id)):
+        for target in dict.fromkeys((link.trace_id, link.span_id) for link in s.links):
+            by_target.setdefault(target, []).append(s)
+    lines: list[Text] = []
+    for node, depth in trace.walk():
+        notes = ([_links_text(node.span)] if node.span.links else []) + [
+            _linked_text(by) for by in by_target.get((node.span.trace_id, node.span.span_id), [])
+        ]
+        for note in notes:
+            lines.append(_span_label(node, depth).append(note))
+    return lines
+
+
+def _span_label(node: Node, depth: int) -> Text:
+    label = Text("  " * depth + node.span.name, style="bold")
+    label.append(f" {node.span.span_id}: ", style="dim")
+    return label
 
 
 def _fit(text: str, width: int) -> Text:

@@ -14,6 +14,13 @@ Rules, in order (the service is the resource's service.name):
 4. A span whose name already starts with `<service>.` keeps its name: `feature.online_lookup`, `model.forward`.
 5. Anything else is prefixed: the gateway's `features` -> `gateway.features`, its `cache.lookup` ->
    `gateway.cache.lookup` (the cache call as the gateway sees it; the cache service's own is `cache.lookup`).
+
+The gateway's batched calls (`features.batch`, `model.batch`, `cache.lookup.batch`, `cache.store.batch`, CLIENT
+spans under the first member's stage span) are stages of their own by rule 5, `gateway.features.batch` and so on,
+deliberately not folded into `gateway.features`: a member's `gateway.features` is then the time micro-batching adds
+to its hop (waiting for a batch to form behind the one in flight, taking its rows out of the answer), which a lone
+request should not pay, and `gateway.features.batch` is the gateway's side of the shared call (building the batched
+request, the gRPC client, outside Envoy's span), which every member is attributed (`services.traces.analysis`).
 """
 
 from __future__ import annotations

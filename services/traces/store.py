@@ -1,4 +1,5 @@
-"""The SQLite trace store: spans by trace, bounded by span count and age, oldest traces evicted whole."""
+"""The SQLite trace store: spans and their links by trace, bounded by span count and age (oldest traces evicted
+whole), the spans that link to a span found through an index."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from services.traces.records import STATUS_ERROR, SpanRecord
+from services.traces.records import STATUS_ERROR, SpanLink, SpanRecord
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS spans (
@@ -23,8 +25,18 @@ CREATE TABLE IF NOT EXISTS spans (
     end_ns INTEGER NOT NULL,
     status INTEGER NOT NULL,
     attributes TEXT NOT NULL,
+    links TEXT NOT NULL DEFAULT '[]',
     PRIMARY KEY (trace_id, span_id)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS span_links (
+    trace_id TEXT NOT NULL,
+    span_id TEXT NOT NULL,
+    position INTEGER NOT NULL,
+    linked_trace_id TEXT NOT NULL,
+    linked_span_id TEXT NOT NULL,
+    PRIMARY KEY (trace_id, span_id, position)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS span_links_by_target ON span_links (linked_trace_id, linked_span_id);
 CREATE TABLE IF NOT EXISTS traces (
     trace_id TEXT PRIMARY KEY,
     start_ns INTEGER NOT NULL,
@@ -37,7 +49,8 @@ CREATE TABLE IF NOT EXISTS traces (
 CREATE INDEX IF NOT EXISTS traces_by_start ON traces (start_ns);
 CREATE INDEX IF NOT EXISTS traces_by_update ON traces (updated_ns);
 """
-SPAN_COLUMNS = "trace_id, span_id, parent_span_id, service, name, kind, start_ns, end_ns, status, attributes"
+SPAN_COLUMNS = "trace_id, span_id, parent_span_id, service, name, kind, start_ns, end_ns, status, attributes, links"
+LINKING_COLUMNS = ", ".join(f"s.{c.strip()}" for c in SPAN_COLUMNS.split(","))
 DEFAULT_DB = Path(".logs/traces.sqlite")
 LOW_WATERMARK = 0.9  # evicting by count goes down to this fraction of max_spans, so it does not run on every write
 RECOUNT_S = 1.0  # how often the span count is read back even when this connection's estimate is under the bound
@@ -59,7 +72,12 @@ class TraceRow:
 
 
 class TraceStore:
-    """One connection to the store (use one per thread); creates the file and schema on open.
+    """One connection to the store (use one per thread); creates the file and schema on open, and adds the `links`
+    column to a file written before spans kept their links (its spans read back with no links).
+
+    A span's links are kept twice: as JSON in its row (`[[trace_id, span_id, attributes], ...]`, read back with the
+    span) and one row each in `span_links`, indexed by the span linked to, so that the spans linking to a span are
+    found without reading every span (`linked_by`, `linking_spans`). Both go with the linking span's trace.
 
     Bounds, enforced in the same transaction as every insert (readers never see them exceeded): at most
     `max_spans` spans (on overflow the traces that started first are deleted, whole, down to 90% of the bound)
@@ -78,11 +96,24 @@ class TraceStore:
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=NORMAL")
         self.db.executescript(SCHEMA)
+        self._add_links_column()
         self._estimate = self.span_total()
         self._counted_at = time.monotonic()
 
     def close(self) -> None:
         self.db.close()
+
+    def _add_links_column(self) -> None:
+        """Give a `spans` table from before links its `links` column (once, even with several openers at once; the
+        write lock only when it is missing, so that opening a current file never waits for the writer)."""
+
+        def missing() -> bool:
+            return "links" not in {row[1] for row in self.db.execute("PRAGMA table_info(spans)")}
+
+        if missing():
+            with self._transaction():
+                if missing():
+                    self.db.execute("ALTER TABLE spans ADD COLUMN links TEXT NOT NULL DEFAULT '[]'")
 
     def __enter__(self) -> TraceStore:
         return self
@@ -98,12 +129,19 @@ class TraceStore:
             return 0
         now_ns = time.time_ns() if now_ns is None else now_ns
         rows = [_row(r) for r in records]
+        links = [(r.trace_id, r.span_id, i, ln.trace_id, ln.span_id) for r in records for i, ln in enumerate(r.links)]
         trace_ids = sorted({r.trace_id for r in records})
         with self._transaction():
             cursor = self.db.executemany(
-                f"INSERT OR IGNORE INTO spans ({SPAN_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?)", rows
+                f"INSERT OR IGNORE INTO spans ({SPAN_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?)", rows
             )
             added = max(0, cursor.rowcount)
+            if links:
+                self.db.executemany(
+                    """INSERT OR IGNORE INTO span_links (trace_id, span_id, position, linked_trace_id, linked_span_id)
+                       VALUES (?,?,?,?,?)""",
+                    links,
+                )
             for chunk in _chunks(trace_ids, 500):
                 marks = ",".join("?" * len(chunk))
                 self.db.execute(
@@ -156,6 +194,7 @@ class TraceStore:
         for chunk in _chunks(list(trace_ids), 500):
             marks = ",".join("?" * len(chunk))
             self.db.execute(f"DELETE FROM spans WHERE trace_id IN ({marks})", chunk)
+            self.db.execute(f"DELETE FROM span_links WHERE trace_id IN ({marks})", chunk)
             self.db.execute(f"DELETE FROM traces WHERE trace_id IN ({marks})", chunk)
         self._estimate = self.span_total()
         return len(trace_ids)
@@ -201,10 +240,34 @@ class TraceStore:
         for chunk in _chunks(list(trace_ids), 500):
             marks = ",".join("?" * len(chunk))
             rows = self.db.execute(f"SELECT {SPAN_COLUMNS} FROM spans WHERE trace_id IN ({marks})", chunk)
-            for row in rows:
-                columns: tuple[str, str, str, str, str, int, int, int, int] = row[:-1]
-                out.append(SpanRecord(*columns, attributes=json.loads(row[-1])))
+            out.extend(_record(row) for row in rows)
         return out
+
+    def linked_by(self, trace_id: str, span_id: str) -> list[SpanRecord]:
+        """The spans, in any trace, that have a link to this span (a batched call, for each member's span)."""
+        rows = self.db.execute(
+            f"""SELECT DISTINCT {LINKING_COLUMNS} FROM span_links l
+                JOIN spans s ON s.trace_id = l.trace_id AND s.span_id = l.span_id
+                WHERE l.linked_trace_id = ? AND l.linked_span_id = ? ORDER BY s.start_ns, s.span_id""",
+            (trace_id, span_id),
+        )
+        return [_record(row) for row in rows]
+
+    def linking_spans(self, trace_ids: Iterable[str]) -> list[SpanRecord]:
+        """The spans, in any trace (these ones included), that have a link to some span of these traces."""
+        out: dict[tuple[str, str], SpanRecord] = {}
+        for chunk in _chunks(list(trace_ids), 500):
+            marks = ",".join("?" * len(chunk))
+            rows = self.db.execute(
+                f"""SELECT DISTINCT {LINKING_COLUMNS} FROM span_links l
+                    JOIN spans s ON s.trace_id = l.trace_id AND s.span_id = l.span_id
+                    WHERE l.linked_trace_id IN ({marks})""",
+                chunk,
+            )
+            for row in rows:
+                record = _record(row)
+                out[(record.trace_id, record.span_id)] = record
+        return sorted(out.values(), key=lambda r: (r.start_ns, r.trace_id, r.span_id))
 
 
 class _Transaction:
@@ -220,9 +283,10 @@ class _Transaction:
         self.db.execute("ROLLBACK" if exc_type is not None else "COMMIT")
 
 
-def _row(s: SpanRecord) -> tuple[str, str, str, str, str, int, int, int, int, str]:
-    """A span as the values of SPAN_COLUMNS (attributes as compact JSON)."""
+def _row(s: SpanRecord) -> tuple[str, str, str, str, str, int, int, int, int, str, str]:
+    """A span as the values of SPAN_COLUMNS (attributes and links as compact JSON)."""
     attributes = json.dumps(s.attributes, separators=(",", ":"), default=str)
+    links = json.dumps([[ln.trace_id, ln.span_id, ln.attributes] for ln in s.links], separators=(",", ":"), default=str)
     return (
         s.trace_id,
         s.span_id,
@@ -234,7 +298,15 @@ def _row(s: SpanRecord) -> tuple[str, str, str, str, str, int, int, int, int, st
         s.end_ns,
         s.status,
         attributes,
+        links,
     )
+
+
+def _record(row: tuple[Any, ...]) -> SpanRecord:
+    """A span from the values of SPAN_COLUMNS."""
+    columns: tuple[str, str, str, str, str, int, int, int, int] = row[:-2]
+    links = tuple(SpanLink(t, s, a) for t, s, a in json.loads(row[-1]))
+    return SpanRecord(*columns, attributes=json.loads(row[-2]), links=links)
 
 
 def _chunks(items: list[str], size: int) -> Iterable[list[str]]:

@@ -33,6 +33,15 @@ def request(service: str, spans: list[trace_pb2.Span]) -> trace_service_pb2.Expo
     )
 
 
+def pb_link(trace: int, span: int, **attrs: Any) -> trace_pb2.Span.Link:
+    """A link to span `span` of trace `trace`."""
+    return trace_pb2.Span.Link(
+        trace_id=trace.to_bytes(16, "big"),
+        span_id=span.to_bytes(8, "big"),
+        attributes=[kv(k, v) for k, v in attrs.items()],
+    )
+
+
 def pb_span(trace: int, span: int, parent: int = 0, name: str = "s", **attrs: Any) -> trace_pb2.Span:
     """A SERVER span with status ERROR at [1000 * span, 1000 * span + 500] ns."""
     return trace_pb2.Span(

@@ -1,4 +1,5 @@
-"""Trace assembly, self time, shares, critical path and hotspot naming on synthetic traces."""
+"""Trace assembly, self time, shares, critical path, hotspot naming and batched calls' attribution to their members,
+on synthetic traces."""
 
 from __future__ import annotations
 
@@ -15,10 +16,11 @@ from services.traces.analysis import (
     percentile,
     select,
     self_time_ns,
+    split_ns,
     union_ns,
 )
-from services.traces.records import KIND_SERVER
-from tests.unit.traces.synthetic import MS, pipeline, span
+from services.traces.records import KIND_SERVER, SpanLink, SpanRecord
+from tests.unit.traces.synthetic import MS, batched, pipeline, span
 
 T = "ab" * 16
 
@@ -183,3 +185,95 @@ def test_empty() -> None:
     result = breakdown([])
     assert result.hotspot is None
     assert hotspot_line(result) == "hotspot: none (no traces)"
+
+
+def test_each_member_of_a_batch_gets_the_first_members_stage_breakdown() -> None:
+    first, second = batched(members=2, online_ms=4.0)
+    alone = assemble(first)[0].stage_self_ns()
+    a, b = assemble(first + second)
+    assert (a.trace_id, b.trace_id) == (first[0].trace_id, second[0].trace_id)
+    assert a.stage_self_ns() == alone  # in the first member's trace nothing changes: the subtree is there
+    assert b.stage_self_ns() == a.stage_self_ns()
+    assert b.stage_self_ns()["feature.online_lookup"] == 4 * MS
+    assert b.stage_self_ns()["gateway.features.batch"] == pytest.approx(0.2 * MS, abs=2)
+    # The waterfall's numbers stay the spans' own: the second member's features span has no children here.
+    features = next(n for n in b.nodes if n.span.name == "features")
+    assert features.self_ns == features.span.duration_ns
+    assert sum(features.shared.values()) == 5.2 * MS  # the batched call's whole interval
+    assert sum(b.stage_self_ns().values()) == sum(n.self_ns for n in b.nodes)
+
+
+def test_a_later_member_keeps_its_longer_wait_as_its_own() -> None:
+    traces = assemble([s for t in batched(members=3, online_ms=2.0, late_ms=0.3) for s in t])
+    first, *later = (t.stage_self_ns() for t in traces)
+    for i, selfs in enumerate(later, start=1):
+        assert set(selfs) == set(first)
+        for stage, ns in first.items():
+            if stage == "gateway.features":
+                # It joined 0.3 ms later per place in the batch, so it waited that much less for the batch to leave.
+                assert selfs[stage] == pytest.approx(ns - i * 0.3 * MS, abs=2)
+            else:
+                assert selfs[stage] == pytest.approx(ns, abs=2), stage
+
+
+def test_a_batch_in_its_own_trace_counts_as_it_is_wherever_it_hangs() -> None:
+    first, second = batched(members=2)
+    gateway = next(s for s in first if s.name == "inference.GRPCInferenceService/ModelInfer")
+    # The batch span under the gateway's server span instead of the member's: its subtree still counts once.
+    moved = [dataclasses.replace(s, parent_span_id=gateway.span_id) if s.name == "features.batch" else s for s in first]
+    unlinked = [dataclasses.replace(s, links=()) for s in moved]
+    a = assemble(moved + second)[0]
+    assert a.stage_self_ns() == assemble(unlinked)[0].stage_self_ns()
+    assert sum(a.stage_self_ns().values()) == sum(n.self_ns for n in a.nodes)
+
+
+def test_a_member_without_the_batch_trace_keeps_its_self_time() -> None:
+    _, second = batched(members=2)
+    (b,) = assemble(second)
+    assert not any(stage.startswith("feature.") for stage in b.stage_self_ns())
+    features = next(n for n in b.nodes if n.span.name == "features")
+    assert features.shared == {} and b.stage_self_ns()["gateway.features"] == features.span.duration_ns
+
+
+@pytest.mark.parametrize(
+    ("members_attribute", "index_attribute", "attributed"),
+    [(False, False, False), (True, False, True), (False, True, True)],
+)
+def test_a_batch_is_known_by_batch_members_or_the_links_batch_index(
+    members_attribute: bool, index_attribute: bool, attributed: bool
+) -> None:
+    first, second = batched(members=2)
+
+    def strip(s: SpanRecord) -> SpanRecord:
+        if not s.links:
+            return s
+        links = s.links if index_attribute else tuple(dataclasses.replace(ln, attributes={}) for ln in s.links)
+        return dataclasses.replace(s, attributes=s.attributes if members_attribute else {}, links=links)
+
+    b = assemble([strip(s) for s in first] + second)[1]
+    assert ("feature.online_lookup" in b.stage_self_ns()) is attributed
+
+
+def test_a_member_in_two_batches_gives_each_only_the_time_not_yet_taken() -> None:
+    root = span(T, "", "gateway", "features", 0, 10)
+    other = "cd" * 16
+    parent = span(other, "", "gateway", "features", 0, 10)
+    member = SpanLink(T, root.span_id, {"batch.index": 1})
+    one = dataclasses.replace(span(other, parent.span_id, "gateway", "features.batch", 1, 5), links=(member,))
+    two = dataclasses.replace(span(other, parent.span_id, "gateway", "model.batch", 4, 8), links=(member,))
+    inner = span(other, two.span_id, "model", "model.forward", 4, 7)
+    trace = next(t for t in assemble([root, parent, one, two, inner]) if t.trace_id == T)
+    # 1..5 to the first batch (all its own time), 5..8 to the second: 3 ms over its 1 ms own + 3 ms forward.
+    assert trace.root.shared == {
+        "gateway.features.batch": 4 * MS,
+        "gateway.model.batch": 750_000,
+        "model.forward": 2_250_000,
+    }
+    assert trace.stage_self_ns()["gateway.features"] == 3 * MS
+
+
+def test_split_ns_adds_up() -> None:
+    assert split_ns(10, {"a": 1, "b": 1, "c": 1}) == {"a": 4, "b": 3, "c": 3}
+    assert split_ns(7, {"a": 0, "b": 5}) == {"b": 7}
+    parts = split_ns(1_000_003, {"x": 3, "y": 7, "z": 11})
+    assert sum(parts.values()) == 1_000_003

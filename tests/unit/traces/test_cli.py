@@ -1,4 +1,4 @@
-"""`meshserve traces` list / show / hotspots through typer's CliRunner on a temporary store."""
+"""`meshserve traces` list / show / hotspots through typer's CliRunner on a temporary store, batched calls included."""
 
 from __future__ import annotations
 
@@ -8,9 +8,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from services.traces.analysis import assemble
 from services.traces.cli import app, parse_duration
+from services.traces.records import SpanRecord
 from services.traces.store import TraceStore
-from tests.unit.traces.synthetic import pipeline
+from tests.unit.traces.synthetic import MS, batched, pipeline
 
 runner = CliRunner()
 
@@ -102,3 +104,51 @@ def test_html_is_well_formed(db: Path, tmp_path: Path) -> None:
     ns = "{http://www.w3.org/2000/svg}"
     assert len(chart.findall(f"{ns}rect")) == 13  # one bar per stage
     assert len(waterfall.findall(f"{ns}rect")) == 13  # one bar per span
+
+
+@pytest.fixture()
+def batch_db(tmp_path: Path) -> tuple[Path, list[list[SpanRecord]]]:
+    """Two requests whose feature calls went as one batch (the second joined 0.2 ms later), and one on its own."""
+    path = tmp_path / "batched.sqlite"
+    traces = batched(members=2, online_ms=6.0, late_ms=0.2, base_ns=time.time_ns() - 60 * 10**9)
+    with TraceStore(path) as store:
+        for spans in traces:
+            store.insert(spans)
+        store.insert(pipeline(1, base_ns=time.time_ns() - 120 * 10**9))
+    return path, traces
+
+
+def test_show_renders_both_sides_of_a_batch(batch_db: tuple[Path, list[list[SpanRecord]]]) -> None:
+    db, (first, second) = batch_db
+    batch = next(s for s in first if s.name == "features.batch")
+    b_features = next(s for s in second if s.name == "features")
+    shown_first = runner.invoke(app, ["show", first[0].trace_id, "--db", str(db)])
+    assert shown_first.exit_code == 0, shown_first.output
+    assert "links:\n" in shown_first.output
+    assert f"links: 2 members: {first[0].trace_id}/" in shown_first.output
+    assert f"{second[0].trace_id}/{b_features.span_id}" in shown_first.output
+    assert f"batched with 1 other in {first[0].trace_id}/{batch.span_id} (features.batch)" in shown_first.output
+    shown_second = runner.invoke(app, ["show", second[0].trace_id, "--db", str(db)])
+    assert shown_second.exit_code == 0, shown_second.output
+    assert f"features {b_features.span_id}: batched with 1 other in {first[0].trace_id}/{batch.span_id}" in (
+        shown_second.output
+    )
+    assert "links: 2 members" not in shown_second.output  # the batch span is not in this trace
+    plain = runner.invoke(app, ["show", f"{1:032x}", "--db", str(db)])
+    assert plain.exit_code == 0 and "links:" not in plain.output and "batched" not in plain.output
+
+
+def test_hotspots_of_a_member_count_the_batched_call_it_waited_for(
+    batch_db: tuple[Path, list[list[SpanRecord]]],
+) -> None:
+    db, (first, second) = batch_db
+    # Only the second member's trace is in the window; the batched call it waited for is in the first one's.
+    result = runner.invoke(app, ["hotspots", "--db", str(db), "--last", "1", "--slowest", "0"])
+    assert result.exit_code == 0, result.output
+    assert "1 traces" in result.output
+    trace = assemble(first + second)[1]
+    share = trace.stage_self_ns()["feature.online_lookup"] / trace.duration_ns
+    assert trace.stage_self_ns()["feature.online_lookup"] == 6 * MS
+    assert result.output.strip().splitlines()[-1] == f"hotspot: feature.online_lookup ({round(share * 100)}% of p99)"
+    for stage in ("envoy.feature.upstream", "feature.rpc", "gateway.features.batch"):
+        assert stage in result.output

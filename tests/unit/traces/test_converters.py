@@ -1,12 +1,12 @@
-"""OTLP request conversion into span records: ids as hex, the resource's service name, attributes as values."""
+"""OTLP request conversion into span records: ids as hex, the resource's service name, attributes as values, links."""
 
 from __future__ import annotations
 
 from opentelemetry.proto.common.v1 import common_pb2
 
 from services.traces.converters import any_value, records_from_request, span_count
-from services.traces.records import KIND_SERVER, STATUS_ERROR
-from tests.unit.traces.otlp_requests import pb_span, request
+from services.traces.records import KIND_SERVER, STATUS_ERROR, SpanLink
+from tests.unit.traces.otlp_requests import pb_link, pb_span, request
 
 
 def test_records_from_request() -> None:
@@ -19,6 +19,18 @@ def test_records_from_request() -> None:
     assert (a.start_ns, a.end_ns) == (1000, 1500)
     assert a.attributes == {"batch.size": 4, "ok": True, "x": 0.5}
     assert b.parent_span_id == f"{1:016x}"
+    assert a.links == b.links == ()
+
+
+def test_links_keep_their_span_and_attributes() -> None:
+    batch = pb_span(7, 9, 1, name="features.batch", **{"batch.members": 2})
+    batch.links.extend([pb_link(7, 1, **{"batch.index": 0}), pb_link(8, 4, **{"batch.index": 1}), pb_link(0, 5)])
+    batch.links.append(pb_link(8, 0))  # no span id: not a link to a span
+    (record,) = records_from_request(request("gateway", [batch]))
+    assert record.links == (
+        SpanLink(f"{7:032x}", f"{1:016x}", {"batch.index": 0}),
+        SpanLink(f"{8:032x}", f"{4:016x}", {"batch.index": 1}),
+    )
 
 
 def test_a_resource_without_a_service_name() -> None:

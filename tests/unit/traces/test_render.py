@@ -1,5 +1,6 @@
 """The terminal renderables and the HTML report of `meshserve traces`, on synthetic pipeline traces with a slow
-feature lookup: what a person reads names the slow stage, the trace and its spans."""
+feature lookup: what a person reads names the slow stage, the trace and its spans; and both sides of a batched
+call's links."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from rich.console import Console
 
 from services.traces import html_report, render
 from services.traces.analysis import Breakdown, assemble, breakdown
-from tests.unit.traces.synthetic import pipeline
+from tests.unit.traces.synthetic import batched, pipeline
 
 
 def slow_feature_breakdown() -> Breakdown:
@@ -68,3 +69,37 @@ def test_html_report_is_one_well_formed_page_about_the_hotspot() -> None:
     assert "hotspot: feature.online_lookup" in page
     assert f"Slowest trace {13:032x}" in page
     assert page.count('class="path"') == 2
+
+
+def test_links_of_a_batched_call_and_of_its_members() -> None:
+    first, second = batched(members=2)
+    batch = next(s for s in first if s.name == "features.batch")
+    a_features, b_features = (next(s for s in t if s.name == "features") for t in (first, second))
+    a, b = assemble(first + second)
+
+    lines = [line.plain for line in render.link_lines(a, [batch])]
+    assert lines == [
+        f"    features {a_features.span_id}: batched with 1 other in {a.trace_id}/{batch.span_id} (features.batch)",
+        f"      features.batch {batch.span_id}: links: 2 members: "
+        f"{a.trace_id}/{a_features.span_id}, {b.trace_id}/{b_features.span_id}",
+    ]
+    assert [line.plain for line in render.link_lines(b, [batch])] == [
+        f"    features {b_features.span_id}: batched with 1 other in {a.trace_id}/{batch.span_id} (features.batch)"
+    ]
+    assert render.link_lines(b) == []  # nothing links to it, it links to nothing
+    marked = [row for row in text_of(render.waterfall(b, 200, [batch])).splitlines() if render.LINKED in row]
+    assert len(marked) == 1 and "features" in marked[0]
+    assert render.LINKED not in text_of(render.waterfall(b, 200))
+
+
+def test_a_big_batch_names_a_few_members_and_counts_the_rest() -> None:
+    traces = batched(members=8)
+    batch = next(s for s in traces[0] if s.name == "features.batch")
+    members = [next(s for s in t if s.name == "features") for t in traces]
+    first = assemble(traces[0])[0]
+    (line,) = [t.plain for t in render.link_lines(first) if "links:" in t.plain]
+    shown = ", ".join(f"{m.trace_id}/{m.span_id}" for m in members[: render.LINKS_SHOWN])
+    assert line.endswith(f"links: 8 members: {shown} and 4 more")
+    last = assemble(traces[7])[0]
+    (member_line,) = [t.plain for t in render.link_lines(last, [batch])]
+    assert "batched with 7 others in" in member_line

@@ -14,6 +14,11 @@ from services.traces.stages import envoy_where, is_envoy, service_key, stage_nam
         ("gateway", "features", KIND_INTERNAL, "gateway.features"),
         ("gateway", "model", KIND_INTERNAL, "gateway.model"),
         ("gateway", "cache.lookup", KIND_INTERNAL, "gateway.cache.lookup"),
+        # The batched calls are stages of their own (see the module docstring), not folded into the member's stage.
+        ("gateway", "features.batch", KIND_CLIENT, "gateway.features.batch"),
+        ("gateway", "model.batch", KIND_CLIENT, "gateway.model.batch"),
+        ("gateway", "cache.lookup.batch", KIND_CLIENT, "gateway.cache.lookup.batch"),
+        ("gateway", "cache.store.batch", KIND_CLIENT, "gateway.cache.store.batch"),
         ("cache", "cache.lookup", KIND_INTERNAL, "cache.lookup"),
         ("feature", "feature.online_lookup", KIND_INTERNAL, "feature.online_lookup"),
         ("feature", "feature.static_lookup", KIND_INTERNAL, "feature.static_lookup"),
