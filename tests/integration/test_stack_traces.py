@@ -1,17 +1,20 @@
 """Tracing across the whole local stack (`meshserve up`: Envoy and every service exporting to the local trace
 store): one request is one trace with the right parents, and `meshserve traces hotspots` names the stage a
-fault delay was injected into (the feature service's online lookup, or the model's forward pass)."""
+fault delay was injected into (the feature service's online lookup, or the model's forward pass); concurrent
+requests batched by the gateway keep their own traces, linked from the batched call."""
 
 from __future__ import annotations
 
 import importlib.util
 import secrets
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 import tritonclient.grpc as triton
 
+from services.traces.analysis import assemble, subtree_self_ns
 from services.traces.records import SpanRecord
 from services.traces.store import TraceStore
 from tests.helpers.cli_stack import ROOT, Stack, local_stack, meshserve
@@ -125,3 +128,49 @@ def test_hotspots_names_the_stage_a_delay_was_injected_into(tmp_path: Path, faul
     assert out.returncode == 0, out.stdout + out.stderr
     hotspot = [line for line in out.stdout.splitlines() if line.startswith("hotspot:")]
     assert hotspot and hotspot[0].startswith(f"hotspot: {stage} ("), out.stdout
+
+
+def test_a_batched_member_trace_shows_the_shared_hop_through_its_links(tmp_path: Path) -> None:
+    with local_stack(tmp_path / "logs") as stack:
+        traced_request(stack, 200)  # every connection up first
+        with ThreadPoolExecutor(8) as pool:
+            trace_ids = list(pool.map(lambda i: traced_request(stack, 300 + i), range(24)))
+        db = stack.log_dir / "traces.sqlite"
+        wait_for_spans(db, trace_ids, expect=24 * 6)
+        deadline = time.monotonic() + 30
+        while True:  # a batched feature call of two or more, with the feature service's spans under it
+            with TraceStore(db) as store:
+                batches = [s for s in store.linking_spans(trace_ids) if s.name == "features.batch" and len(s.links) > 1]
+                batch = max(batches, key=lambda s: (len(s.links), s.start_ns), default=None)
+                spans = store.spans([batch.trace_id]) if batch else []
+            if batch and any(s.service == "feature" and s.name == "feature.online_lookup" for s in spans):
+                break
+            assert time.monotonic() < deadline, f"no features.batch of two or more: {batches}"
+            time.sleep(0.5)
+        links = sorted(batch.links, key=lambda ln: ln.attributes["batch.index"])
+        assert batch.kind == 3 and batch.attributes["batch.members"] == len(links)
+        assert batch.attributes["batch.rows"] >= len(links)
+        assert (links[0].trace_id, links[0].span_id) == (batch.trace_id, batch.parent_span_id)
+        member = links[1]
+        first_show = meshserve("traces", "show", batch.trace_id, "--db", str(db))
+        member_show = meshserve("traces", "show", member.trace_id, "--db", str(db))
+        with TraceStore(db) as store:
+            traces = {t.trace_id: t for t in assemble(store.spans([batch.trace_id, member.trace_id]))}
+    assert first_show.returncode == 0, first_show.stderr
+    assert f"links: {len(links)} members: {links[0].trace_id}/{links[0].span_id}, " in first_show.stdout
+    assert member_show.returncode == 0, member_show.stderr
+    others = len(links) - 1
+    assert f"batched with {others} other{'' if others == 1 else 's'} in {batch.trace_id}/{batch.span_id} " in (
+        member_show.stdout
+    )
+    # The member waited inside its own features span for the whole batched call, so it is given the batch
+    # subtree's self time, stage by stage, as the first member's trace has it.
+    (node,) = [n for n in traces[member.trace_id].nodes if n.span.span_id == member.span_id]
+    assert node.span.start_ns <= batch.start_ns and node.span.end_ns >= batch.end_ns
+    (batch_node,) = [n for n in traces[batch.trace_id].nodes if n.span.span_id == batch.span_id]
+    subtree = {stage: ns for stage, ns in subtree_self_ns(batch_node).items() if ns > 0}
+    assert sum(node.shared.values()) == batch.duration_ns
+    assert set(node.shared) == set(subtree) and "feature.online_lookup" in subtree
+    scale = batch.duration_ns / sum(subtree.values())
+    for stage, ns in subtree.items():
+        assert abs(node.shared[stage] - ns * scale) <= 1, (stage, node.shared, subtree)
