@@ -44,6 +44,8 @@ class DemoSummary:
     degraded_reasons: dict[str, int] = field(default_factory=dict)
     model_versions: dict[str, int] = field(default_factory=dict)
     score_histogram: list[int] = field(default_factory=lambda: [0] * BINS)
+    # Micro-batching as the gateway formed it: per stage, mean and largest requests per downstream call.
+    batches: dict[str, tuple[float, int]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -63,6 +65,9 @@ class DemoStats:
         self.degraded: Counter[str] = Counter()
         self.versions: Counter[str] = Counter()
         self.histogram = [0] * BINS
+        self.calls: Counter[str] = Counter()  # stage -> requests seen in it
+        self.call_shares: dict[str, float] = {}  # stage -> sum of 1/size: the calls those requests made
+        self.largest: Counter[str] = Counter()
 
     def ok(self, latency_ms: float, parameters: dict[str, Any], scores: np.ndarray | None) -> None:
         self.latencies_ms.append(latency_ms)
@@ -72,6 +77,12 @@ class DemoStats:
             self.degraded[str(parameters["degraded"])] += 1
         if "model_version" in parameters:
             self.versions[str(parameters["model_version"])] += 1
+        for key, value in parameters.items():
+            if key.startswith("batch_") and isinstance(value, int) and value > 0:
+                stage = key[6:]
+                self.calls[stage] += 1
+                self.call_shares[stage] = self.call_shares.get(stage, 0.0) + 1.0 / value
+                self.largest[stage] = max(self.largest[stage], value)
         if scores is not None:
             for s in np.asarray(scores, dtype=np.float64).reshape(-1):
                 if np.isfinite(s):
@@ -102,6 +113,9 @@ class DemoStats:
             degraded_reasons=dict(self.degraded),
             model_versions=dict(self.versions),
             score_histogram=list(self.histogram),
+            batches={
+                stage: (round(n / self.call_shares[stage], 2), self.largest[stage]) for stage, n in self.calls.items()
+            },
         )
 
 
@@ -128,6 +142,8 @@ def render(summary: DemoSummary) -> Table:
     versions = ", ".join(f"{k}: {v}" for k, v in sorted(summary.model_versions.items())) or "-"
     table.add_row("model versions", versions)
     table.add_row("score histogram", "\n".join(histogram_lines(summary.score_histogram)))
+    batches = ", ".join(f"{stage} {mean:.1f} (max {most})" for stage, (mean, most) in sorted(summary.batches.items()))
+    table.add_row("requests per call", batches or "-")
     return table
 
 
@@ -151,7 +167,7 @@ async def _worker(
     timeout_s: float,
 ) -> None:
     while time.monotonic() < deadline and not stop.is_set():
-        request = build_request(pipeline, rows_to_arrays([traffic.next()], specs))
+        request = build_request(pipeline, rows_to_arrays([traffic.next()], specs), parameters={"debug": True})
         t0 = time.perf_counter()
         try:
             response = await stub.ModelInfer(request, timeout=timeout_s)

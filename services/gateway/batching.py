@@ -45,6 +45,7 @@ class _Member(Generic[T, R]):
     future: asyncio.Future[R]
     span: trace.SpanContext
     timer: asyncio.TimerHandle | None = None
+    shared: dict[str, int] | None = None  # where to say how many requests the call served
 
 
 @dataclass(eq=False)
@@ -83,9 +84,13 @@ class StageBatcher(Generic[T, R]):
         self._members = metrics.BATCH_MEMBERS.labels(pipeline, stage)
         self._rows = metrics.BATCH_ROWS.labels(pipeline, stage)
 
-    async def submit(self, item: T, rows: int, timeout_s: float, key: Hashable = ()) -> R:
+    async def submit(
+        self, item: T, rows: int, timeout_s: float, key: Hashable = (), shared: dict[str, int] | None = None
+    ) -> R:
         """This caller's part of the stage's answer; raises the call's error, or DeadlineExceeded once
-        `timeout_s` has passed (the batch goes on)."""
+        `timeout_s` has passed (the batch goes on). `shared[stage]` is set to the requests its call served."""
+        if shared is not None:
+            shared[self.stage] = 1
         if not self.enabled:
             result = (await self.call([item], timeout_s, key))[0]
             if isinstance(result, BaseException):
@@ -93,7 +98,12 @@ class StageBatcher(Generic[T, R]):
             return result
         loop = asyncio.get_running_loop()
         member: _Member[T, R] = _Member(
-            item, rows, time.monotonic() + timeout_s, loop.create_future(), trace.get_current_span().get_span_context()
+            item,
+            rows,
+            time.monotonic() + timeout_s,
+            loop.create_future(),
+            trace.get_current_span().get_span_context(),
+            shared=shared,
         )
         member.timer = loop.call_later(timeout_s, self._expire, member, timeout_s)
         lane = self._lanes.get(key)
@@ -167,6 +177,8 @@ class StageBatcher(Generic[T, R]):
         for member, result in zip(members, results, strict=True):
             if member.future.done():
                 continue
+            if member.shared is not None:
+                member.shared[self.stage] = len(members)
             if isinstance(result, BaseException):
                 member.future.set_exception(result)
             else:

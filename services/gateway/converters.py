@@ -59,6 +59,8 @@ def infer_response_to_pb(response: PipelineResponse) -> pb.ModelInferResponse:
         params["degraded_detail"].string_param = response.degraded_detail or ""
     for stage, ms in response.stages_ms.items():
         params[f"stage_{stage}_ms"].double_param = round(ms, 4)
+    for stage, requests in response.batches.items():
+        params[f"batch_{stage}"].int64_param = requests
     return message
 
 

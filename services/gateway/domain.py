@@ -41,6 +41,7 @@ class Answer:
     degraded: str | None = None  # cause:remedy, e.g. model_unavailable:stale_cache
     degraded_detail: str | None = None
     stages_ms: dict[str, float] = field(default_factory=dict)
+    batches: dict[str, int] = field(default_factory=dict)  # stage -> requests its downstream call served
 
 
 @dataclass
@@ -56,3 +57,4 @@ class PipelineResponse:
     degraded_detail: str | None = None
     # Only with debug: each stage's ms, plus `total` (inside the gateway) and `gateway` (its own time).
     stages_ms: dict[str, float] = field(default_factory=dict)
+    batches: dict[str, int] = field(default_factory=dict)  # only with debug: requests per stage's call

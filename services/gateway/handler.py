@@ -192,7 +192,9 @@ class GatewayHandler:
         requested = request.requested_outputs
         outputs = [t for t in answer.outputs if not requested or t.name in requested]
         stages: dict[str, float] = {}
+        batches: dict[str, int] = {}
         if request.debug:
+            batches = dict(answer.batches)
             stages = {stage: ms for stage, ms in answer.stages_ms.items() if stage != "total"}
             total_ms = elapsed * 1e3
             inner = sum(stages.values())
@@ -207,4 +209,5 @@ class GatewayHandler:
             degraded=answer.degraded,
             degraded_detail=answer.degraded_detail,
             stages_ms=stages,
+            batches=batches,
         )

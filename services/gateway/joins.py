@@ -19,6 +19,7 @@ from services.cache.api import CachedValue, StoreItem
 from services.common.errors import MeshserveError, Unavailable
 from services.common.tensor_codec import deserialize_bytes, serialize_bytes
 from services.feature.api import FeatureMatrix, FieldValue
+from services.gateway import metrics
 from services.gateway.upstream import CacheUpstream, FeatureUpstream, Headers, ModelUpstream, hop_headers
 from services.model.api import InferResult, RawTensor
 
@@ -42,8 +43,10 @@ async def one_by_one(
     items: Sequence[T],
     timeout_s: float,
     key: Hashable,
+    counter: Any,
 ) -> list[R | BaseException]:
-    """Each member's call on its own, concurrently: one result or exception per member."""
+    """Each member's call on its own, concurrently: one result or exception per member (`counter` counts it)."""
+    counter.inc()
 
     async def alone(item: T) -> R | BaseException:
         try:
@@ -101,9 +104,10 @@ def split_matrix(matrix: FeatureMatrix, counts: Sequence[int]) -> list[FeatureMa
 
 
 def features_call(
-    features: FeatureUpstream, feature_set: str, budget_ms: float
+    features: FeatureUpstream, pipeline: str, feature_set: str, budget_ms: float
 ) -> Callable[[Sequence[Rows], float, Hashable], Awaitable[list[FeatureMatrix | BaseException]]]:
     """One Compute for every member's rows; a row the service refuses fails only its own member."""
+    resent = metrics.BATCH_RESENT.labels(pipeline, "features")
 
     async def call(items: Sequence[Rows], timeout_s: float, key: Hashable) -> list[FeatureMatrix | BaseException]:
         rows = [row for item in items for row in item]
@@ -111,7 +115,7 @@ def features_call(
             matrix = await features.compute(feature_set, rows, budget_ms, timeout_s=timeout_s, metadata=_hop(key))
         except MeshserveError as exc:
             if len(items) > 1 and exc.code in CALLER_FAULTS:
-                return await one_by_one(call, items, timeout_s, key)
+                return await one_by_one(call, items, timeout_s, key, resent)
             raise
         return list(split_matrix(matrix, [len(item) for item in items]))
 
@@ -152,11 +156,12 @@ def split_tensor(tensor: RawTensor, counts: Sequence[int]) -> list[RawTensor]:
 
 
 def model_call(
-    model: ModelUpstream,
+    model: ModelUpstream, pipeline: str
 ) -> Callable[[Sequence[Mapping[str, Wire]], float, Hashable], Awaitable[list[InferResult | BaseException]]]:
     """One ModelInfer for every member's rows (members share model, version and routing: the lane key);
     each member gets its rows of every output. A batch the model refuses, or answers without a row per
     input row, is sent again member by member."""
+    resent = metrics.BATCH_RESENT.labels(pipeline, "model")
 
     async def call(
         items: Sequence[Mapping[str, Wire]], timeout_s: float, key: Hashable
@@ -168,13 +173,13 @@ def model_call(
             result = await model.infer(name, version, inputs, timeout_s=timeout_s, metadata=hop_headers(headers))
         except MeshserveError as exc:
             if len(items) > 1 and exc.code in CALLER_FAULTS:
-                return await one_by_one(call, items, timeout_s, key)
+                return await one_by_one(call, items, timeout_s, key, resent)
             raise
         try:
             parts = [split_tensor(t, counts) for t in result.outputs]
         except ValueError:
             if len(items) > 1:
-                return await one_by_one(call, items, timeout_s, key)
+                return await one_by_one(call, items, timeout_s, key, resent)
             parts = [[t] for t in result.outputs]
         return [InferResult(result.model_name, result.model_version, [p[i] for p in parts]) for i in range(len(items))]
 

@@ -49,3 +49,8 @@ BATCH_ROWS = Histogram(
     ["pipeline", "stage"],
     buckets=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128, 256),
 )
+BATCH_RESENT = Counter(
+    "meshserve_gateway_batch_resent_total",
+    "Batched calls the callee refused as a caller's fault (a bad row), sent again member by member.",
+    ["pipeline", "stage"],
+)

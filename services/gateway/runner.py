@@ -95,11 +95,11 @@ class PipelineRunner:
         self._computes: StageBatcher[Rows, FeatureMatrix] = batcher(
             "features",
             "features",
-            features_call(features, stage.feature_set if stage else "", stage.budget_ms if stage else 0.0),
+            features_call(features, spec.name, stage.feature_set if stage else "", stage.budget_ms if stage else 0.0),
             caps.features,
         )
         self._infers: StageBatcher[dict[str, Wire], InferResult] = batcher(
-            "model", "model", model_call(model), caps.model
+            "model", "model", model_call(model, spec.name), caps.model
         )
         self._writes: StageBatcher[StoreItem, bool] = batcher("store", "cache.store", store_call(cache), caps.store)
 
@@ -139,6 +139,7 @@ class PipelineRunner:
         stages: dict[str, float],
         headers: Headers,
         generation: int,
+        shared: dict[str, int],
     ) -> tuple[CachedValue | None, CachedValue | None]:
         """(fresh hit, stale hit) for the serving versions, newest version first."""
         if not self.spec.cache.enabled or not keys:
@@ -154,7 +155,9 @@ class PipelineRunner:
         with child_span(tracer, "cache.lookup", {"cache.keys": len(keys)}):
             timeout = deadline.for_hop(self.spec.timeouts.cache_ms, "the cache lookup")
             try:
-                hits = await self._lookups.submit([k for _, k in keys], len(keys), timeout, self._route(headers))
+                hits = await self._lookups.submit(
+                    [k for _, k in keys], len(keys), timeout, self._route(headers), shared
+                )
             except DeadlineExceeded:  # the cache fails open: a late lookup is a miss
                 hits = [None] * len(keys)
         stages["cache"] = (time.perf_counter() - start) * 1e3
@@ -177,7 +180,7 @@ class PipelineRunner:
             self.near.put(key, entry, time.time())
 
     async def _features(
-        self, inputs: Mapping[str, np.ndarray], rows: int, deadline: Deadline, headers: Headers
+        self, inputs: Mapping[str, np.ndarray], rows: int, deadline: Deadline, headers: Headers, shared: dict[str, int]
     ) -> FeatureMatrix:
         """The feature matrix; a failed call the policy answers for raises Failure, any other error goes on."""
         stage = self.spec.features
@@ -186,7 +189,7 @@ class PipelineRunner:
         fields = feature_rows(self.spec, inputs, rows)
         with child_span(tracer, "features", {"feature.set": stage.feature_set, "rows": rows}):
             try:
-                return await self._computes.submit(fields, rows, timeout, self._route(headers))
+                return await self._computes.submit(fields, rows, timeout, self._route(headers), shared)
             except MeshserveError as exc:
                 failure = feature_failure(exc)
                 if failure is None:
@@ -201,7 +204,13 @@ class PipelineRunner:
             tensors[p.output or p.input] = value
 
     async def _model(
-        self, name: str, version: str, tensors: Mapping[str, Wire], deadline: Deadline, headers: Headers
+        self,
+        name: str,
+        version: str,
+        tensors: Mapping[str, Wire],
+        deadline: Deadline,
+        headers: Headers,
+        shared: dict[str, int] | None = None,
     ) -> InferResult:
         """One model call; a failure the policy answers for raises Failure, any other error goes on."""
         inputs = {model_input: tensors[tensor] for model_input, tensor in self.model_inputs.items()}
@@ -212,7 +221,8 @@ class PipelineRunner:
             raise Failure("model_timeout", exc) from exc
         with child_span(tracer, "model", {"model.name": name, "model.version": version}):
             try:
-                result = await self._infers.submit(inputs, rows, timeout, (name, version, self._route(headers)))
+                key = (name, version, self._route(headers))
+                result = await self._infers.submit(inputs, rows, timeout, key, shared)
             except MeshserveError as exc:
                 failure = model_failure(exc)
                 if failure is None:
@@ -235,11 +245,12 @@ class PipelineRunner:
     ) -> Answer:
         t0 = time.perf_counter()
         stages: dict[str, float] = {}
+        shared: dict[str, int] = {}  # stage -> requests its batched call served
         keys = self._cache_keys(digest)
         generation = self.near.generation if self.near is not None else 0
-        fresh, stale = await self._lookup(keys, deadline, stages, headers, generation)
+        fresh, stale = await self._lookup(keys, deadline, stages, headers, generation, shared)
         if fresh is not None:
-            return self._finish(answer_from_cache(fresh, "hit"), stages, t0)
+            return self._finish(answer_from_cache(fresh, "hit"), stages, t0, shared)
 
         tensors: dict[str, Wire] = {}  # pipeline tensor -> its wire form
         features_degraded = 0
@@ -247,14 +258,14 @@ class PipelineRunner:
             start = time.perf_counter()
             failed: Failure | None = None
             try:
-                matrix = await self._features(inputs, rows, deadline, headers)
+                matrix = await self._features(inputs, rows, deadline, headers, shared)
             except Failure as failure:
                 failed = failure
             finally:
                 stages["features"] = (time.perf_counter() - start) * 1e3
             if failed is not None:
                 answer = await self._degrade_features(failed, stale, rows)
-                return self._finish(answer, stages, t0)
+                return self._finish(answer, stages, t0, shared)
             tensors[self.spec.features.output] = ("FP32", [rows, matrix.columns], matrix.features)
             features_degraded = matrix.degraded_rows
         if self.spec.preprocess or self.spec.features is None:
@@ -269,11 +280,11 @@ class PipelineRunner:
         model = self.spec.model
         start = time.perf_counter()
         try:
-            result = await self._model(model.name, model.version, tensors, deadline, headers)
+            result = await self._model(model.name, model.version, tensors, deadline, headers, shared)
         except Failure as failure:
             stages["model"] = (time.perf_counter() - start) * 1e3
             answer = await self._degrade_model(failure, stale, rows, tensors, deadline, headers)
-            return self._finish(answer, stages, t0)
+            return self._finish(answer, stages, t0, shared)
         stages["model"] = (time.perf_counter() - start) * 1e3
         answer = Answer(self._outputs(result), result.model_version, "miss")
         if features_degraded:
@@ -282,7 +293,7 @@ class PipelineRunner:
         elif self.spec.cache.enabled:
             key = versioned_key(self.spec.name, model.name, result.model_version, digest)
             self._store_later(key, answer, headers, generation)
-        return self._finish(answer, stages, t0)
+        return self._finish(answer, stages, t0, shared)
 
     # -- degradation ---------------------------------------------------------------------------------------
 
@@ -355,7 +366,10 @@ class PipelineRunner:
             except DeadlineExceeded:
                 return False
 
-    def _finish(self, answer: Answer, stages: dict[str, float], t0: float) -> Answer:
+    def _finish(
+        self, answer: Answer, stages: dict[str, float], t0: float, shared: dict[str, int] | None = None
+    ) -> Answer:
+        answer.batches = shared or {}
         answer.stages_ms = stages
         answer.stages_ms["total"] = (time.perf_counter() - t0) * 1e3
         return answer

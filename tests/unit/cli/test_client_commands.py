@@ -130,3 +130,24 @@ def test_demo_stats_counts_errors_degradation_and_scores() -> None:
     assert s.cache_hit_ratio == 0.5 and s.degraded_reasons == {"stale_cache": 1}
     assert s.score_histogram[0] == 1 and s.score_histogram[9] == 1
     assert len(histogram_lines(s.score_histogram)) == 10
+
+
+def test_demo_stats_reports_the_calls_the_gateway_batched() -> None:
+    stats = DemoStats("fraud", "x", 1)
+    # two requests shared one features call, a third had its own; the model call of all three was one
+    for features in (2, 2, 1):
+        stats.ok(1.0, {"cache": "miss", "batch_features": features, "batch_model": 3}, None)
+    stats.ok(1.0, {"cache": "hit"}, None)  # a near-cache hit made no call
+    s = stats.summary(elapsed_s=1.0)
+    assert s.batches == {"features": (1.5, 2), "model": (3.0, 3)}
+    assert "features 1.5 (max 2)" in str(render_text(s))
+
+
+def render_text(summary: object) -> str:
+    from rich.console import Console
+
+    from services.cli.demo import render
+
+    console = Console(width=200, record=True)
+    console.print(render(summary))  # type: ignore[arg-type]
+    return console.export_text()

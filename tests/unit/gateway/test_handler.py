@@ -186,6 +186,12 @@ async def test_model_infer_through_the_servicer(stub: pb_grpc.GRPCInferenceServi
     assert params["model_version"].string_param == "1" and params["cache"].string_param == "miss"
     assert "degraded" not in params and params["stage_model_ms"].double_param >= 0
     assert np.frombuffer(response.raw_output_contents[0], np.float32).tolist() == [pytest.approx(0.9)] * 2
+    # a lone request: each stage's call served it alone
+    assert {k: v.int64_param for k, v in params.items() if k.startswith("batch_")} == {
+        "batch_cache": 1,
+        "batch_features": 1,
+        "batch_model": 1,
+    }
 
 
 async def test_refusal_through_the_servicer_is_resource_exhausted_with_a_retry_hint(
