@@ -26,6 +26,7 @@ from typing import Generic, TypeVar
 from opentelemetry import trace
 
 from services.common.errors import DeadlineExceeded
+from services.common.loop_idle import idle_hooks
 from services.gateway import metrics
 
 T = TypeVar("T")  # what one caller hands the stage
@@ -53,7 +54,10 @@ class _Lane(Generic[T, R]):
     key: Hashable
     queue: deque[_Member[T, R]] = field(default_factory=deque)
     inflight: int = 0
-    pending: asyncio.Handle | None = None  # the scheduled launch of the next batch
+    rows: int = 0  # rows queued (members that expired while queued included, until the next launch)
+    pending: int = 0  # token of the scheduled launch (0: none); a launch with another token is stale
+    soon: bool = False  # the scheduled launch is for the next loop step (not waiting for company)
+    handle: asyncio.Handle | None = None  # its timer or call_soon handle
 
 
 class StageBatcher(Generic[T, R]):
@@ -69,6 +73,7 @@ class StageBatcher(Generic[T, R]):
         max_rows: int,
         max_inflight: int = 1,
         max_delay_s: float = 0.0,
+        max_gather_s: float = 0.0,
         enabled: bool = True,
     ) -> None:
         self.pipeline = pipeline
@@ -78,7 +83,9 @@ class StageBatcher(Generic[T, R]):
         self.max_rows = max_rows
         self.max_inflight = max_inflight
         self.max_delay_s = max_delay_s
+        self.max_gather_s = max_gather_s
         self.enabled = enabled
+        self._tokens = 0
         self._lanes: dict[Hashable, _Lane[T, R]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._members = metrics.BATCH_MEMBERS.labels(pipeline, stage)
@@ -110,6 +117,7 @@ class StageBatcher(Generic[T, R]):
         if lane is None:
             lane = self._lanes[key] = _Lane(key)
         lane.queue.append(member)
+        lane.rows += rows
         self._schedule(lane, loop)
         try:
             return await member.future
@@ -125,21 +133,37 @@ class StageBatcher(Generic[T, R]):
     # -- forming batches -----------------------------------------------------------------------------------
 
     def _schedule(self, lane: _Lane[T, R], loop: asyncio.AbstractEventLoop) -> None:
-        """Launch the next batch in the next loop step (so callers of this step join it), or after
-        `max_delay_s` unless the queue already holds a full batch; nothing when no slot is free."""
+        """Schedule the lane's next batch when a slot is free: at once (the next loop step) when the queue holds a
+        full batch; else after `max_delay_s` when one is configured; else, with `max_gather_s`, when the loop
+        runs out of other work (under load, callers keep joining while the gateway is busy anyway) or after
+        `max_gather_s`, whichever comes first; else in the next loop step."""
         if lane.inflight >= self.max_inflight or not lane.queue:
             return
-        waiting = self.max_delay_s > 0 and sum(m.rows for m in lane.queue) < self.max_rows
-        if isinstance(lane.pending, asyncio.TimerHandle) and not waiting:
-            lane.pending.cancel()  # the batch filled up while it waited for company
-            lane.pending = None
-        if lane.pending is None:
-            lane.pending = (
-                loop.call_later(self.max_delay_s, self._launch, lane) if waiting else loop.call_soon(self._launch, lane)
-            )
+        full = lane.rows >= self.max_rows
+        if lane.pending:
+            if lane.soon or not full:
+                return
+            assert lane.handle is not None
+            lane.handle.cancel()  # the batch filled up while it waited for company
+        self._tokens += 1
+        token = lane.pending = self._tokens
+        hooks = idle_hooks(loop) if self.max_gather_s > 0 and not self.max_delay_s else None
+        lane.soon = full or (not self.max_delay_s and hooks is None)
+        if lane.soon:
+            lane.handle = loop.call_soon(self._launch, lane, token)
+        elif hooks is None:
+            lane.handle = loop.call_later(self.max_delay_s, self._launch, lane, token)
+        else:
+            lane.handle = loop.call_later(self.max_gather_s, self._launch, lane, token)
+            hooks.call_when_idle(lambda: self._launch(lane, token))
 
-    def _launch(self, lane: _Lane[T, R]) -> None:
-        lane.pending = None
+    def _launch(self, lane: _Lane[T, R], token: int) -> None:
+        if lane.pending != token:
+            return  # launched already by another of its conditions
+        lane.pending = 0
+        if lane.handle is not None:
+            lane.handle.cancel()
+            lane.handle = None
         members: list[_Member[T, R]] = []
         rows = 0
         while lane.queue:
@@ -152,6 +176,7 @@ class StageBatcher(Generic[T, R]):
             lane.queue.popleft()
             members.append(member)
             rows += member.rows
+        lane.rows = sum(m.rows for m in lane.queue)
         if not members:
             return
         lane.inflight += 1

@@ -131,6 +131,13 @@ class Batching(_Strict):
     max_delay_ms: float = Field(
         0.0, ge=0, le=100, description="Wait this long for company before sending (0: never wait)."
     )
+    max_gather_ms: float = Field(
+        2.0,
+        ge=0,
+        le=100,
+        description="Without max_delay_ms, a stage's next call goes when the gateway runs out of other work "
+        "(so under load callers join while it is busy anyway) or after this long; 0: in the next loop step.",
+    )
 
 
 class PipelineSpec(_Strict):

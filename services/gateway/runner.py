@@ -84,6 +84,7 @@ class PipelineRunner:
                 max_rows=rows,
                 max_inflight=batching.max_inflight,
                 max_delay_s=batching.max_delay_ms / 1e3,
+                max_gather_s=batching.max_gather_ms / 1e3,
                 enabled=batching.enabled,
             )
 

@@ -229,3 +229,63 @@ async def test_an_unsampled_first_member_gives_no_batch_span(
     b = batcher(Downstream())
     assert await asyncio.gather(b.submit(1, 1, 1.0), b.submit(2, 1, 1.0)) == [2, 4]
     assert exporter.get_finished_spans() == ()
+
+
+async def test_gathering_a_lone_request_goes_as_soon_as_the_loop_is_idle_not_at_the_bound() -> None:
+    down = Downstream()
+    b = batcher(down, max_gather_s=5.0)
+    assert await asyncio.wait_for(b.submit(4, 1, 10.0), 1.0) == 8  # far sooner than the 5 s bound
+    assert down.calls == [[4]]
+
+
+async def test_gathering_callers_join_while_the_loop_is_busy() -> None:
+    down = Downstream()
+    b = batcher(down, max_gather_s=5.0)
+    loop = asyncio.get_running_loop()
+    tasks: list[asyncio.Future[int]] = []
+
+    def arrive(i: int) -> None:  # one caller per loop step: the loop never runs out of work meanwhile
+        tasks.append(asyncio.ensure_future(b.submit(i, 1, 10.0)))
+        if i < 5:
+            loop.call_soon(arrive, i + 1)
+
+    arrive(1)
+    while len(tasks) < 5:
+        await asyncio.sleep(0)
+    assert await asyncio.gather(*tasks) == [2, 4, 6, 8, 10]
+    assert down.calls == [[1, 2, 3, 4, 5]]
+
+
+async def test_gathering_stops_at_the_bound_when_the_loop_never_idles() -> None:
+    down = Downstream()
+    b = batcher(down, max_gather_s=0.02)
+    loop = asyncio.get_running_loop()
+    busy = True
+
+    def spin() -> None:  # keeps a callback ready in every loop step
+        if busy:
+            loop.call_soon(spin)
+
+    spin()
+    try:
+        assert await asyncio.wait_for(b.submit(1, 1, 10.0), 2.0) == 2
+    finally:
+        busy = False
+    assert down.calls == [[1]]
+
+
+async def test_gathering_sends_at_once_when_the_batch_is_full() -> None:
+    down = Downstream()
+    b = batcher(down, max_gather_s=5.0, max_rows=2)
+    loop = asyncio.get_running_loop()
+    busy = True
+
+    def spin() -> None:
+        if busy:
+            loop.call_soon(spin)
+
+    spin()
+    try:
+        assert await asyncio.wait_for(asyncio.gather(b.submit(1, 1, 10.0), b.submit(2, 1, 10.0)), 1.0) == [2, 4]
+    finally:
+        busy = False
