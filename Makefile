@@ -74,6 +74,7 @@ bench: setup models
 
 bench-peers: setup models
 	$(PY) -m bench.peers
+	$(PY) -m bench.pipeline_peers
 
 clean:
 	rm -rf $(VENV) $(MODELS_STAMP) models/*/[0-9]*/

@@ -1,10 +1,12 @@
 """Work-conserving micro-batching of one pipeline stage: concurrent callers join one downstream call, and each
 gets back its own part of the answer.
 
-A lane (one per stage and routing key: the model version asked for, the passed-on routing headers) sends at
-once when it has a free slot: a lone caller's call goes out in the next loop step. Callers that arrive while
-the lane's batches are in flight queue up and form the next batch when one returns, up to the stage's row cap.
-Nothing waits on a timer unless `max_delay_s` says so. Each caller keeps its own deadline (a timer answers it
+A lane (one per stage and routing key: the model version asked for, the passed-on routing headers) sends when
+it has a free slot and the event loop runs out of other work (services/common/loop_idle.py): a lone caller's
+call goes at once, and under load callers keep joining while the gateway is busy with other requests anyway,
+up to the stage's row cap or `max_gather_s` of a loop that never idles. Callers that arrive while the lane's
+batches are in flight queue up and form the next batch when one returns. An idle loop never waits on a timer
+unless `max_delay_s` says so. Each caller keeps its own deadline (a timer answers it
 `DEADLINE_EXCEEDED`, the batch goes on for the others) and its own cancellation (a cancelled caller's future is
 dropped; the batch is never cancelled for it). The batch's own timeout is the latest of its members'.
 

@@ -243,15 +243,17 @@ async def test_gathering_callers_join_while_the_loop_is_busy() -> None:
     b = batcher(down, max_gather_s=5.0)
     loop = asyncio.get_running_loop()
     tasks: list[asyncio.Future[int]] = []
+    arrived = asyncio.Event()
 
     def arrive(i: int) -> None:  # one caller per loop step: the loop never runs out of work meanwhile
         tasks.append(asyncio.ensure_future(b.submit(i, 1, 10.0)))
         if i < 5:
             loop.call_soon(arrive, i + 1)
+        else:
+            arrived.set()
 
     arrive(1)
-    while len(tasks) < 5:
-        await asyncio.sleep(0)
+    await arrived.wait()
     assert await asyncio.gather(*tasks) == [2, 4, 6, 8, 10]
     assert down.calls == [[1, 2, 3, 4, 5]]
 
