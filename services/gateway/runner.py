@@ -115,6 +115,9 @@ class PipelineRunner:
         """The answer to one request (inputs checked against the pipeline); identical concurrent requests share
         one computation."""
         flight_key = request_digest({name: inputs[name] for name in self.key_inputs})
+        near = self._near_hit(flight_key)
+        if near is not None:  # answered from the gateway's own memory: no task, no flight
+            return near
         if flight_key in self._flights:
             metrics.COALESCED.labels(self.spec.name).inc()
         return await self._flights.do(flight_key, lambda: self._compute(inputs, flight_key, rows, deadline, headers))
@@ -133,6 +136,21 @@ class PipelineRunner:
         versions = [model.version] if model.version else self.versions.current(model.name)
         return [(v, versioned_key(self.spec.name, model.name, v, digest)) for v in versions]
 
+    def _near_hit(self, digest: bytes) -> Answer | None:
+        """A fresh answer from the near cache, for the newest serving version that has one."""
+        if self.near is None or not self.spec.cache.enabled:
+            return None
+        start = time.perf_counter()
+        now = time.time()
+        for _, key in self._cache_keys(digest):
+            entry = self.near.get(key, now)
+            if entry is not None and entry.fresh(now):
+                hit = CachedValue(entry.value, entry.model_version, now - entry.stored_at, False)
+                return self._finish(
+                    answer_from_cache(hit, "hit"), {"cache": (time.perf_counter() - start) * 1e3}, start
+                )
+        return None
+
     async def _lookup(
         self,
         keys: list[tuple[str, bytes]],
@@ -142,17 +160,11 @@ class PipelineRunner:
         generation: int,
         shared: dict[str, int],
     ) -> tuple[CachedValue | None, CachedValue | None]:
-        """(fresh hit, stale hit) for the serving versions, newest version first."""
+        """(fresh hit, stale hit) for the serving versions, newest version first, from the cache service (the
+        near cache was asked before)."""
         if not self.spec.cache.enabled or not keys:
             return None, None
         start = time.perf_counter()
-        if self.near is not None:
-            now = time.time()
-            for _, key in keys:
-                entry = self.near.get(key, now)
-                if entry is not None and entry.fresh(now):
-                    stages["cache"] = (time.perf_counter() - start) * 1e3
-                    return CachedValue(entry.value, entry.model_version, now - entry.stored_at, False), None
         with child_span(tracer, "cache.lookup", {"cache.keys": len(keys)}):
             timeout = deadline.for_hop(self.spec.timeouts.cache_ms, "the cache lookup")
             try:
