@@ -97,8 +97,19 @@ class CacheHandler:
             if len(key) > self.settings.max_key_bytes:
                 raise InvalidArgument(f"key {i} has {len(key)} bytes; at most {self.settings.max_key_bytes}")
 
+    @staticmethod
+    def _check_names(where: str, **names: str) -> None:
+        """Names travel NUL-separated between replicas (redis_tier.encode_invalidation): a NUL inside one would
+        make another replica drop other entries than this one."""
+        for field, value in names.items():
+            if "\0" in value:
+                raise InvalidArgument(f"{where}{field} holds a NUL character")
+
     def _check_item(self, i: int, item: StoreItem) -> None:
         s = self.settings
+        self._check_names(
+            f"entry {i}: ", pipeline=item.pipeline, model_name=item.model_name, model_version=item.model_version
+        )
         if len(item.value) > s.max_value_bytes:
             raise InvalidArgument(f"entry {i}: value of {len(item.value)} bytes; at most {s.max_value_bytes}")
         if not (0 < item.ttl_s <= s.max_ttl_s):
@@ -219,6 +230,7 @@ class CacheHandler:
         """Drop a pipeline's entries, or a model version's (every version when model_version is empty)."""
         if bool(pipeline) == bool(model_name):
             raise InvalidArgument("give either pipeline or model_name (with an optional model_version)")
+        self._check_names("", pipeline=pipeline, model_name=model_name, model_version=model_version)
         invalidation = Invalidation(pipeline=pipeline, model_name=model_name, model_version=model_version)
         l1_removed = self._apply_invalidation(invalidation)
         redis_removed = 0

@@ -70,8 +70,17 @@ class RedisTier:
     def _key(self, key: bytes) -> bytes:
         return self.prefix + key
 
-    def _index(self, kind: str, *parts: str) -> bytes:
-        return self.prefix + b"idx:" + kind.encode() + b":" + ":".join(parts).encode()
+    def _pipeline_index(self, pipeline: str) -> bytes:
+        return self.prefix + b"idx:p:" + pipeline.encode()
+
+    def _model_prefix(self, model_name: str) -> bytes:
+        """Where a model's index keys start: the name's length goes first, so that no other name (one that
+        extends this one past a colon, say) shares the prefix, and the version that follows is unambiguous."""
+        name = model_name.encode()
+        return self.prefix + b"idx:m:" + str(len(name)).encode() + b":" + name + b":"
+
+    def _model_index(self, model_name: str, model_version: str) -> bytes:
+        return self._model_prefix(model_name) + model_version.encode()
 
     def failed(self, op: str, exc: BaseException) -> None:
         """Count a failure; open the circuit (and start probing) after enough in a row."""
@@ -105,8 +114,8 @@ class RedisTier:
         for key, entry in items:
             px = max(1, int((entry.stale_until - now) * 1000))
             pipe.set(self._key(key), bytes((len(key),)) + key + entry.encode(), px=px)
-            indexes.setdefault(self._index("p", entry.pipeline), []).append(key)
-            indexes.setdefault(self._index("m", entry.model_name, entry.model_version), []).append(key)
+            indexes.setdefault(self._pipeline_index(entry.pipeline), []).append(key)
+            indexes.setdefault(self._model_index(entry.model_name, entry.model_version), []).append(key)
         for index, keys in indexes.items():
             pipe.sadd(index, *keys)
             pipe.expire(index, int(ttl_cap_s) + 1)
@@ -115,13 +124,14 @@ class RedisTier:
         self.circuit.success()
 
     async def invalidate(self, pipeline: str, model_name: str, model_version: str) -> int:
-        """Delete the entries of a pipeline or model version (all versions when model_version is empty)."""
+        """Delete the entries of a pipeline or model version (all versions when model_version is empty); names
+        match exactly (a name is never a SCAN pattern)."""
         if pipeline:
-            indexes = [self._index("p", pipeline)]
+            indexes = [self._pipeline_index(pipeline)]
         elif model_version:
-            indexes = [self._index("m", model_name, model_version)]
+            indexes = [self._model_index(model_name, model_version)]
         else:
-            pattern = self._index("m", model_name, "*")
+            pattern = glob_literal(self._model_prefix(model_name)) + b"*"
             indexes = [k async for k in self.client.scan_iter(match=pattern, count=1000)]
         removed = 0
         for index in indexes:
@@ -189,6 +199,19 @@ class RedisTier:
             self._probe.cancel()
             await asyncio.gather(self._probe, return_exceptions=True)
         await self.client.aclose()
+
+
+_GLOB_SPECIAL = frozenset(b"*?[]\\")
+
+
+def glob_literal(data: bytes) -> bytes:
+    """`data` as a Redis glob pattern that matches exactly itself (every special character escaped)."""
+    out = bytearray()
+    for byte in data:
+        if byte in _GLOB_SPECIAL:
+            out.append(0x5C)  # backslash
+        out.append(byte)
+    return bytes(out)
 
 
 def encode_invalidation(invalidation: Invalidation) -> bytes:

@@ -13,6 +13,7 @@ from services.cache.redis_tier import (
     RedisTier,
     decode_invalidation,
     encode_invalidation,
+    glob_literal,
 )
 from services.common.redis import CONNECT_TIMEOUT_S
 
@@ -56,3 +57,9 @@ def test_invalidation_messages_between_replicas() -> None:
     for invalidation, message in cases.items():
         assert encode_invalidation(invalidation) == message  # the format every running replica reads
         assert decode_invalidation(message) == invalidation
+
+
+def test_a_glob_literal_escapes_every_pattern_character() -> None:
+    assert glob_literal(b"idx:m:12:probe_glob_?:") == b"idx:m:12:probe_glob_\\?:"
+    assert glob_literal(b"a*b[c]d\\e") == b"a\\*b\\[c\\]d\\\\e"
+    assert glob_literal(b"plain:name-1") == b"plain:name-1"

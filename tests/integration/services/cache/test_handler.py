@@ -206,3 +206,43 @@ async def test_a_redis_value_is_only_served_for_its_own_key(make_handler: MakeHa
     await h.redis.client.set(h.redis.prefix + k(2), raw)  # as if a reply for k1 arrived for k2
     await h.redis.client.set(h.redis.prefix + k(3), b"garbage")
     assert [r and r.value for r in await h.lookup([k(1), k(2), k(3)])] == [b"for-k1", None, None]
+
+
+async def test_invalidate_matches_model_names_exactly_never_as_a_glob(make_handler: MakeHandler) -> None:
+    """A model name is a name, not a Redis SCAN pattern: glob characters, and names that share a prefix up to a
+    colon, invalidate only their own entries, in Redis and in L1 alike."""
+    h = make_handler()
+    reader = make_handler(l1_max_bytes=0)  # sees Redis alone
+    names = ["probe_glob_a", "probe_glob_b", "probe_glob_?", "probe_*", "probe_[ab]", "pro\\be", "a"]
+    keys = {name: k(i) for i, name in enumerate(names)}
+    await h.store([item(keys[name], model=name) for name in names])
+    a_b1, ab_1 = k(100), k(101)  # model "a" version "b:1", model "a:b" version "1"
+    await h.store([item(a_b1, model="a", version="b:1"), item(ab_1, model="a:b", version="1")])
+
+    async def alive(key: bytes) -> bool:
+        """Whether the entry is still in L1 (h) and in Redis (reader), which must agree."""
+        in_l1, in_redis = (await h.lookup([key]))[0] is not None, (await reader.lookup([key]))[0] is not None
+        assert in_l1 == in_redis, key
+        return in_l1
+
+    for name in ("probe_glob_?", "probe_*", "probe_[ab]", "pro\\be"):
+        assert await h.invalidate(model_name=name) == (1, 1), name
+        assert not await alive(keys[name])
+    assert await alive(keys["probe_glob_a"]) and await alive(keys["probe_glob_b"])
+    assert await h.invalidate(model_name="probe_glob_?") == (0, 0)
+    assert await h.invalidate(model_name="a:b", model_version="1") == (1, 1)
+    assert not await alive(ab_1) and await alive(a_b1)
+    await h.store([item(ab_1, model="a:b", version="1")])
+    assert await h.invalidate(model_name="a") == (2, 2)  # "a" v1 and v"b:1", nothing of "a:b"
+    assert await alive(ab_1) and not await alive(a_b1) and not await alive(keys["a"])
+
+
+async def test_names_with_a_nul_are_refused(make_handler: MakeHandler) -> None:
+    """The replicas' invalidation messages separate names with NUL: a name holding one would be read as another."""
+    h = make_handler()
+    for bad in (item(k(1), model="a\0b"), item(k(1), version="1\0"), item(k(1), pipeline="p\0")):
+        with pytest.raises(InvalidArgument, match="NUL"):
+            await h.store([bad])
+    for what in ({"pipeline": "p\0"}, {"model_name": "a\0b"}, {"model_name": "a", "model_version": "\0"}):
+        with pytest.raises(InvalidArgument, match="NUL"):
+            await h.invalidate(**what)
