@@ -26,6 +26,9 @@ class Priority(enum.IntEnum):
 _PRIORITY_NAMES = {"high": Priority.HIGH, "normal": Priority.NORMAL, "low": Priority.LOW}
 
 
+MAX_PRIORITY_LEVEL = 2**32  # the largest Triton-style priority level accepted (3 and above are low)
+
+
 def parse_priority(value: str | float | None) -> Priority:
     """`priority` request parameter: high/normal/low, or Triton-style levels (1 highest, 0 the default)."""
     if value is None or value == "" or value == 0:
@@ -35,8 +38,11 @@ def parse_priority(value: str | float | None) -> Priority:
         if found is None:
             raise InvalidArgument(f"parameter priority={value!r}: use high, normal or low (or 1, 2, 3)")
         return found
-    if value < 0:
-        raise InvalidArgument(f"parameter priority={value}: must be 0 (default), 1 (high), 2 (normal) or 3+ (low)")
+    if not (isinstance(value, int) or float(value).is_integer()) or not 0 <= value <= MAX_PRIORITY_LEVEL:
+        raise InvalidArgument(
+            f"parameter priority={value!r}: must be a whole number, 0 (default), 1 (high), 2 (normal) or 3 to "
+            f"{MAX_PRIORITY_LEVEL} (low)"
+        )
     return Priority(min(int(value), Priority.LOW))
 
 

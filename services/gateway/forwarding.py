@@ -1,13 +1,19 @@
-"""Every model name that is not a pipeline goes to the model service as it came: v2 messages passed through
-unchanged, the caller's deadline (and, for ModelInfer, its headers) passed on, errors with their own code."""
+"""Model names that are not pipelines: the public ones (a policy in the gateway's settings) go to the model
+service as they came, v2 messages passed through unchanged, the caller's deadline (and, for ModelInfer, its
+headers) passed on, errors with their own code; any other is unknown here. Loading and unloading models, which
+change what every pipeline answers, pass only for the operator (a bearer token the gateway is configured with).
+"""
 
 from __future__ import annotations
 
+import hmac
 import logging
 from collections.abc import Awaitable, Collection
 from typing import TypeVar
 
-from services.common.errors import InvalidArgument, MeshserveError, NotFound
+import grpc
+
+from services.common.errors import InvalidArgument, MeshserveError, NotFound, error_with_code
 from services.gateway.admission import Admission, Priority
 from services.gateway.converters import pipeline_index
 from services.gateway.upstream import Headers
@@ -20,12 +26,44 @@ FORWARD_TIMEOUT_S = 30.0  # a forwarded call without a client deadline
 
 
 class Forwarder:
-    """The model service's RPCs behind the gateway; `pipelines` are the names it answers for itself."""
+    """The model service's RPCs behind the gateway; `pipelines` are the names it answers for itself, `public` the
+    models clients may reach by name, `admin_token` the operator's bearer token (empty: nobody may load or
+    unload through the gateway)."""
 
-    def __init__(self, model: ModelClient, admission: Admission, pipelines: Collection[str]) -> None:
+    def __init__(
+        self,
+        model: ModelClient,
+        admission: Admission,
+        pipelines: Collection[str],
+        public: Collection[str] = (),
+        admin_token: str = "",
+    ) -> None:
         self.model = model
         self.admission = admission
         self.pipelines = pipelines
+        self.public = public
+        self.admin_token = admin_token
+
+    def _reachable(self, name: str) -> None:
+        """NotFound for a model that is not public, worded as for a name that does not exist at all."""
+        if name not in self.public:
+            raise NotFound(f"no pipeline {name!r} here (pipelines: {', '.join(sorted(self.pipelines)) or 'none'})")
+
+    def _operator(self, rpc: str, headers: Headers) -> None:
+        """PermissionDenied unless the call carries the operator's token."""
+        if not self.admin_token:
+            raise error_with_code(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"{rpc} changes what every pipeline answers: only the operator may, and this gateway has no "
+                "operator token (set MESHSERVE_GATEWAY_ADMIN_TOKEN, or call the model service directly)",
+            )
+        sent = dict(headers).get("authorization", "")
+        if not hmac.compare_digest(sent.encode(), f"Bearer {self.admin_token}".encode()):
+            raise error_with_code(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"{rpc} changes what every pipeline answers: only the operator may (send "
+                "'authorization: Bearer <MESHSERVE_GATEWAY_ADMIN_TOKEN>')",
+            )
 
     @staticmethod
     def _timeout(caller_remaining_s: float | None) -> float:
@@ -42,6 +80,7 @@ class Forwarder:
         self, request: pb.ModelInferRequest, priority: Priority, caller_remaining_s: float | None, headers: Headers
     ) -> pb.ModelInferResponse:
         """Admitted under the model's own pool (a fixed cap: the model service has its own queue)."""
+        self._reachable(request.model_name)
         permit = self.admission.acquire(f"model:{request.model_name}", priority)
         try:
             timeout = self._timeout(caller_remaining_s)
@@ -50,7 +89,9 @@ class Forwarder:
             permit.release(sample=False)
 
     async def model_ready(self, request: pb.ModelReadyRequest, caller_remaining_s: float | None) -> bool:
-        """False when the model service says so, or cannot say."""
+        """False when the model service says so, or cannot say, or the model is not public."""
+        if request.name not in self.public:
+            return False
         try:
             response = await self.model.model_ready(request, timeout_s=self._timeout(caller_remaining_s))
         except MeshserveError:
@@ -60,26 +101,31 @@ class Forwarder:
     async def model_metadata(
         self, request: pb.ModelMetadataRequest, caller_remaining_s: float | None
     ) -> pb.ModelMetadataResponse:
+        self._reachable(request.name)
         return await self._forwarded(self.model.model_metadata(request, timeout_s=self._timeout(caller_remaining_s)))
 
     async def model_config(
         self, request: pb.ModelConfigRequest, caller_remaining_s: float | None
     ) -> pb.ModelConfigResponse:
+        self._reachable(request.name)
         return await self._forwarded(self.model.model_config(request, timeout_s=self._timeout(caller_remaining_s)))
 
     async def model_statistics(
         self, request: pb.ModelStatisticsRequest, caller_remaining_s: float | None
     ) -> pb.ModelStatisticsResponse:
+        self._reachable(request.name)
         return await self._forwarded(self.model.model_statistics(request, timeout_s=self._timeout(caller_remaining_s)))
 
     async def repository_index(
         self, request: pb.RepositoryIndexRequest, caller_remaining_s: float | None
     ) -> pb.RepositoryIndexResponse:
-        """The pipelines, then the model service's models (left out when it does not answer)."""
+        """The pipelines, then the model service's public models (left out when it does not answer)."""
         models = pipeline_index(self.pipelines)
+        if not self.public:
+            return pb.RepositoryIndexResponse(models=models)
         try:
             upstream = await self.model.repository_index(request, timeout_s=self._timeout(caller_remaining_s))
-            models.extend(upstream.models)
+            models.extend(m for m in upstream.models if m.name in self.public)
         except MeshserveError as exc:
             log.debug("model repository index not available: %s", exc)
         return pb.RepositoryIndexResponse(models=models)
@@ -89,17 +135,19 @@ class Forwarder:
             raise InvalidArgument(f"{name!r} is a pipeline (defined in YAML); load or unload its model instead")
 
     async def repository_model_load(
-        self, request: pb.RepositoryModelLoadRequest, caller_remaining_s: float | None
+        self, request: pb.RepositoryModelLoadRequest, caller_remaining_s: float | None, headers: Headers = ()
     ) -> pb.RepositoryModelLoadResponse:
         self._not_a_pipeline(request.model_name)
+        self._operator("RepositoryModelLoad", headers)
         return await self._forwarded(
             self.model.repository_model_load(request, timeout_s=self._timeout(caller_remaining_s))
         )
 
     async def repository_model_unload(
-        self, request: pb.RepositoryModelUnloadRequest, caller_remaining_s: float | None
+        self, request: pb.RepositoryModelUnloadRequest, caller_remaining_s: float | None, headers: Headers = ()
     ) -> pb.RepositoryModelUnloadResponse:
         self._not_a_pipeline(request.model_name)
+        self._operator("RepositoryModelUnload", headers)
         return await self._forwarded(
             self.model.repository_model_unload(request, timeout_s=self._timeout(caller_remaining_s))
         )

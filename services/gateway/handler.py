@@ -63,7 +63,13 @@ class GatewayHandler:
             for name, spec in self.pipelines.items()
         }
         self.stats = Statistics(self.pipelines)
-        self.forwarder = Forwarder(self.up.model, self.admission, self.pipelines.keys())
+        self.forwarder = Forwarder(
+            self.up.model,
+            self.admission,
+            self.pipelines.keys(),
+            settings.public_models,
+            settings.admin_token.get_secret_value(),
+        )
         self._tasks: list[asyncio.Task[None]] = []
 
     # -- lifecycle -----------------------------------------------------------------------------------------

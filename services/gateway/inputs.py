@@ -50,6 +50,10 @@ def check_inputs(pipeline: PipelineSpec, inputs: Mapping[str, np.ndarray]) -> tu
             )
         if rows is None:
             rows = shape[0]
+            if rows == 0:
+                raise InvalidArgument(
+                    f"pipeline {pipeline.name!r}: no rows (input {spec.name!r} has shape {list(shape)})"
+                )
         elif shape[0] != rows:
             raise InvalidArgument(
                 f"pipeline {pipeline.name!r}: input {spec.name!r} has {shape[0]} rows, the others {rows}"
@@ -61,8 +65,6 @@ def check_inputs(pipeline: PipelineSpec, inputs: Mapping[str, np.ndarray]) -> tu
                 raise InvalidArgument(f"pipeline {pipeline.name!r}: input {spec.name!r} row {row} is NaN or infinite")
         out[spec.name] = array
     assert rows is not None
-    if rows == 0:
-        raise InvalidArgument(f"pipeline {pipeline.name!r}: no rows")
     if rows > pipeline.max_batch_size:
         raise InvalidArgument(
             f"pipeline {pipeline.name!r}: {rows} rows in one request; at most {pipeline.max_batch_size}"

@@ -85,9 +85,14 @@ class GatewayServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def RepositoryModelLoad(
         self, request: pb.RepositoryModelLoadRequest, context: grpc.aio.ServicerContext
     ) -> pb.RepositoryModelLoadResponse:
-        return await self.forwarder.repository_model_load(request, context.time_remaining())
+        return await self.forwarder.repository_model_load(request, context.time_remaining(), _metadata(context))
 
     async def RepositoryModelUnload(
         self, request: pb.RepositoryModelUnloadRequest, context: grpc.aio.ServicerContext
     ) -> pb.RepositoryModelUnloadResponse:
-        return await self.forwarder.repository_model_unload(request, context.time_remaining())
+        return await self.forwarder.repository_model_unload(request, context.time_remaining(), _metadata(context))
+
+
+def _metadata(context: grpc.aio.ServicerContext) -> tuple[tuple[str, str], ...]:
+    """The call's text headers (binary ones left out)."""
+    return tuple((k, v) for k, v in (context.invocation_metadata() or ()) if isinstance(v, str))

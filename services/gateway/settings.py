@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import SettingsConfigDict
 
 from services.common.settings import ServiceSettings
@@ -23,6 +23,16 @@ class GatewaySettings(ServiceSettings):
     model_address: str = Field("127.0.0.1:8001", description="Model service (or its mesh listener), host:port.")
     feature_address: str = Field("127.0.0.1:8002", description="Feature service (or its mesh listener).")
     cache_address: str = Field("127.0.0.1:8003", description="Cache service (or its mesh listener).")
+    public_models: list[str] = Field(
+        default_factory=list,
+        description="Models besides the pipelines that clients may call by name through the gateway (JSON list); "
+        "any other name is unknown here, so internal models are reachable only through their pipelines.",
+    )
+    admin_token: SecretStr = Field(
+        SecretStr(""),
+        description="Bearer token of the operator, the only caller that may load or unload models through the "
+        "gateway ('authorization: Bearer <token>'); empty: nobody may.",
+    )
     max_inflight: int = Field(256, ge=1, description="Requests in flight across all pipelines; beyond: shed.")
     min_limit: int = Field(16, ge=1, description="The adaptive limit never goes below this (nor above the cap).")
     retry_after_ms: int = Field(

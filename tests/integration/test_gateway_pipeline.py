@@ -29,6 +29,7 @@ from tests.helpers.servers import (
 from tests.integration.gateway_helpers import infer_inputs, params, perf_analyzer_data, transaction
 
 ROOT = Path(__file__).resolve().parents[2]
+ADMIN_TOKEN = "operator-token-for-tests"
 
 
 class Stack:
@@ -42,7 +43,14 @@ class Stack:
         self.feature = self.stack.enter_context(feature_service(logs, MESHSERVE_REDIS_URL=url))
         self.cache = self.stack.enter_context(cache_service(logs, MESHSERVE_REDIS_URL=url))
         self.gateway = self.stack.enter_context(
-            gateway_service(logs, self.model.address, self.feature.address, self.cache.address)
+            gateway_service(
+                logs,
+                self.model.address,
+                self.feature.address,
+                self.cache.address,
+                MESHSERVE_GATEWAY_PUBLIC_MODELS='["digits_cnn"]',
+                MESHSERVE_GATEWAY_ADMIN_TOKEN=ADMIN_TOKEN,
+            )
         )
         self.client = triton.InferenceServerClient(self.gateway.address)
 
@@ -144,15 +152,20 @@ def test_digits_pipeline_normalises_and_classifies(stack: Stack) -> None:
     assert result.as_numpy("probabilities").shape == (16, 10)
 
 
-def test_other_models_are_forwarded_unchanged(stack: Stack) -> None:
-    features = np.zeros((2, 64), np.float32)
-    tensor = triton.InferInput("features", [2, 64], "FP32")
-    tensor.set_data_from_numpy(features)
-    via_gateway = stack.client.infer("fraud_mlp", [tensor], model_version="1")
-    direct = triton.InferenceServerClient(stack.model.address).infer("fraud_mlp", [tensor], model_version="1")
-    np.testing.assert_array_equal(via_gateway.as_numpy("score"), direct.as_numpy("score"))
+def test_public_models_are_forwarded_unchanged_and_internal_ones_are_unknown(stack: Stack) -> None:
+    images = np.zeros((2, 1, 8, 8), np.float32)
+    tensor = triton.InferInput("image", list(images.shape), "FP32")
+    tensor.set_data_from_numpy(images)
+    via_gateway = stack.client.infer("digits_cnn", [tensor], model_version="1")
+    direct = triton.InferenceServerClient(stack.model.address).infer("digits_cnn", [tensor], model_version="1")
+    np.testing.assert_array_equal(via_gateway.as_numpy("probabilities"), direct.as_numpy("probabilities"))
     index = {m["name"] for m in stack.client.get_model_repository_index(as_json=True)["models"]}
-    assert {"fraud", "digits", "fraud_mlp", "digits_cnn"} <= index
+    assert {"fraud", "digits", "digits_cnn"} <= index and "fraud_mlp" not in index
+    features = triton.InferInput("features", [1, 64], "FP32")
+    features.set_data_from_numpy(np.zeros((1, 64), np.float32))
+    with pytest.raises(InferenceServerException) as info:  # the pipeline's model, raw features: not public
+        stack.client.infer("fraud_mlp", [features])
+    assert info.value.status() == "StatusCode.NOT_FOUND" and "no pipeline 'fraud_mlp' here" in info.value.message()
     config = stack.client.get_model_config("fraud", as_json=True)["config"]
     assert config["max_batch_size"] == 64 and len(config["input"]) == 10
 
@@ -198,6 +211,27 @@ def test_perf_analyzer_runs_against_the_fraud_pipeline(stack: Stack, tmp_path: P
     )
     assert result.throughput > 0
     assert result.has_server_stats
+
+
+def test_only_the_operator_unloads_a_model_through_the_gateway(stack: Stack) -> None:
+    model = triton.InferenceServerClient(stack.model.address)
+    for headers in ({}, {"authorization": "Bearer guess"}):
+        for _ in range(5):
+            with pytest.raises(InferenceServerException) as info:
+                stack.client.unload_model("fraud_mlp", headers=headers)
+            assert info.value.status() == "StatusCode.PERMISSION_DENIED", info.value
+            assert "only the operator" in info.value.message()
+        with pytest.raises(InferenceServerException) as info:
+            stack.client.load_model("fraud_mlp", headers=headers)
+        assert info.value.status() == "StatusCode.PERMISSION_DENIED"
+    assert model.is_model_ready("fraud_mlp")
+    p = params(infer(stack, transaction(41, user="after-unload-attempts")))
+    assert "degraded" not in p  # the pipeline's model still answers
+    operator = {"authorization": f"Bearer {ADMIN_TOKEN}"}
+    stack.client.unload_model("digits_cnn", headers=operator)
+    assert not model.is_model_ready("digits_cnn")
+    stack.client.load_model("digits_cnn", headers=operator)
+    assert model.is_model_ready("digits_cnn")
 
 
 def wait_until_normal(stack: Stack, what: str, timeout_s: float = 30.0) -> dict:

@@ -36,6 +36,7 @@ class FakeModelService(pb_grpc.GRPCInferenceServiceServicer, Recorder):
 
     def __init__(self) -> None:
         Recorder.__init__(self)
+        self.index = ["m"]  # what RepositoryIndex lists
 
     async def ModelInfer(self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext) -> Any:
         await self.seen("ModelInfer", request, context)
@@ -79,7 +80,7 @@ class FakeModelService(pb_grpc.GRPCInferenceServiceServicer, Recorder):
     async def RepositoryIndex(self, request: pb.RepositoryIndexRequest, context: grpc.aio.ServicerContext) -> Any:
         await self.seen("RepositoryIndex", request, context)
         index = pb.RepositoryIndexResponse.ModelIndex
-        return pb.RepositoryIndexResponse(models=[index(name="m", version="1", state="READY")])
+        return pb.RepositoryIndexResponse(models=[index(name=n, version="1", state="READY") for n in self.index])
 
     async def RepositoryModelLoad(
         self, request: pb.RepositoryModelLoadRequest, context: grpc.aio.ServicerContext

@@ -231,3 +231,24 @@ async def test_pipeline_metadata_config_statistics_and_readiness_through_the_ser
     server = await stub.ServerMetadata(pb.ServerMetadataRequest(), timeout=5)
     assert server.name == "meshserve-gateway" and "pipelines" in server.extensions
     assert (await stub.ServerLive(pb.ServerLiveRequest(), timeout=5)).live
+
+
+@pytest.mark.parametrize(
+    ("priority", "words"),
+    [(float("nan"), "priority"), (1e300, "priority"), (float("inf"), "priority"), (2.5, "priority")],
+)
+async def test_a_priority_that_is_no_level_is_invalid_argument(
+    stub: pb_grpc.GRPCInferenceServiceStub, priority: float, words: str
+) -> None:
+    message = infer_request()
+    message.parameters["priority"].double_param = priority
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await stub.ModelInfer(message, timeout=5)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and words in info.value.details()
+    assert (await stub.ModelInfer(infer_request(), timeout=5)).outputs  # and the gateway serves on
+
+
+async def test_inputs_with_zero_rows_are_invalid_argument(stub: pb_grpc.GRPCInferenceServiceStub) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await stub.ModelInfer(infer_request(rows=0), timeout=5)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "no rows" in info.value.details()
