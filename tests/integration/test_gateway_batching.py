@@ -72,6 +72,11 @@ class Stack:
     def infer(self, batching: bool, request: dict[str, np.ndarray]) -> triton.InferResult:
         return self.clients[batching].infer("fraud", infer_inputs(request), parameters={"debug": True})
 
+    def successes(self) -> tuple[int, int]:
+        """(successful requests, rows inferred) of the batching gateway's fraud pipeline (ModelStatistics)."""
+        stats = self.clients[True].get_inference_statistics("fraud", as_json=True)["model_stats"][0]
+        return int(stats["inference_stats"]["success"].get("count", 0)), int(stats.get("inference_count", 0))
+
     def resent(self, stage: str) -> float:
         """Batched calls of a stage sent again member by member, from the batching gateway's /metrics."""
         return sum(
@@ -114,6 +119,7 @@ def concurrently(calls: list) -> list:
 def test_answers_with_micro_batching_equal_answers_without_row_by_row(stack: Stack) -> None:
     requests = [transaction(i, rows=1 + i % 3, user=f"equal-{i}") for i in range(96)]
     before = stack.batch_calls("model")
+    counted = stack.successes()
     batched = concurrently([lambda r=r: stack.infer(True, r) for r in requests])
     after = stack.batch_calls("model")
     alone = concurrently([lambda r=r: stack.infer(False, r) for r in requests])
@@ -126,6 +132,8 @@ def test_answers_with_micro_batching_equal_answers_without_row_by_row(stack: Sta
     assert requests_seen == len(requests)
     assert calls < requests_seen  # concurrent callers did share model calls
     assert max(int(params(r)["batch_model"]) for r in batched) > 1
+    # the pipeline's statistics count requests and rows, not the batched calls
+    assert stack.successes() == (counted[0] + len(requests), counted[1] + sum(1 + i % 3 for i in range(96)))
 
 
 def test_a_row_the_feature_service_refuses_fails_only_its_own_request(stack: Stack) -> None:
