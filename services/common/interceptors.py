@@ -1,5 +1,9 @@
 """The server interceptor every service runs: domain errors to gRPC status, per-RPC metrics and a SERVER span.
 
+Every status message it sends is bounded and path-free (errors.client_message), and a request body that does not
+parse is answered INVALID_ARGUMENT with one rate-limited log line (services/common/malformed.py), for every
+service alike.
+
 It covers all four RPC kinds. A streaming handler written as an async generator is driven here with
 `context.write`, so that the stream's whole life (including a client's cancellation, which arrives as a
 CancelledError or a failed write in this coroutine) is one frame that maps errors, observes metrics and ends
@@ -28,7 +32,7 @@ import asyncio
 import inspect
 import logging
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 import grpc
@@ -37,7 +41,8 @@ from opentelemetry import propagate, trace
 from opentelemetry.propagators.textmap import Getter
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from services.common.errors import MeshserveError
+from services.common.errors import InvalidArgument, MeshserveError, client_message
+from services.common.malformed import Malformed, RateLimitedLog, tolerant
 from services.common.metrics import RpcMetrics
 
 log = logging.getLogger(__name__)
@@ -101,12 +106,23 @@ def _written(behavior: StreamBehavior) -> Behavior:
 
 
 def _with_behavior(handler: grpc.RpcMethodHandler, behavior: Behavior) -> grpc.RpcMethodHandler:
+    """The handler with `behavior`; its deserializer hands a body that does not parse on as a Malformed value
+    (to `_map_errors`), where grpc would answer UNKNOWN and log a traceback."""
     factory, _ = _HANDLER_FACTORIES[(bool(handler.request_streaming), bool(handler.response_streaming))]
     return factory(
         behavior,
-        request_deserializer=handler.request_deserializer,
+        request_deserializer=tolerant(handler.request_deserializer),
         response_serializer=handler.response_serializer,
     )
+
+
+async def _parsed(requests: AsyncIterator[Any], refuse: Callable[[Malformed], MeshserveError]) -> AsyncIterator[Any]:
+    """A request stream that raises `refuse(...)` at the first element that did not parse. (A handler reading
+    with context.read() instead of iterating would see the Malformed value itself; none here does.)"""
+    async for request in requests:
+        if type(request) is Malformed:
+            raise refuse(request)
+        yield request
 
 
 def _unsampled(traceparent: str | None) -> bool:
@@ -149,6 +165,7 @@ class ErrorAndMetricsInterceptor(grpc.aio.ServerInterceptor):
         self.metrics = RpcMetrics(service)
         self.tracer = tracer_provider.get_tracer("meshserve.grpc") if tracer_provider is not None else None
         self._cache: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
+        self.malformed_log = RateLimitedLog()
 
     async def intercept_service(
         self,
@@ -165,30 +182,50 @@ class ErrorAndMetricsInterceptor(grpc.aio.ServerInterceptor):
         behavior, streaming = _behavior(handler)
         wrapped = handler
         if behavior is not None:
-            wrapped = _with_behavior(handler, self._wrap(method, behavior, streaming))
+            mapped = self._wrap(method, behavior, bool(handler.request_streaming), streaming)
+            wrapped = _with_behavior(handler, mapped)
         self._cache[method] = (handler, wrapped)
         return wrapped
 
-    def _wrap(self, method: str, behavior: Behavior, streaming: bool) -> Behavior:
-        mapped = self._map_errors(method, behavior, streaming)
+    def _wrap(self, method: str, behavior: Behavior, request_streaming: bool, streaming: bool) -> Behavior:
+        mapped = self._map_errors(method, behavior, request_streaming, streaming)
         if self.tracer is None or method.startswith(UNTRACED_PREFIXES):
             return mapped
         return self._traced(method, mapped, self.tracer)
 
-    def _map_errors(self, method: str, behavior: Behavior, streaming: bool) -> Behavior:
+    def _refuse(self, method: str, request: Malformed) -> MeshserveError:
+        """The error for a body that did not parse, logged once per method and interval."""
+        self.malformed_log.warning(
+            method,
+            "%s: a %d-byte request body did not parse as %s (%s); answered INVALID_ARGUMENT",
+            method,
+            request.size,
+            request.message_type,
+            request.error[:200],
+        )
+        return InvalidArgument(request.description)
+
+    def _map_errors(self, method: str, behavior: Behavior, request_streaming: bool, streaming: bool) -> Behavior:
         short = method.rsplit("/", 1)[-1]
         observe = self.metrics.observe_stream if streaming else self.metrics.observe
+
+        def refuse(request: Malformed) -> MeshserveError:
+            return self._refuse(method, request)
 
         async def wrapped(request: Any, context: grpc.aio.ServicerContext) -> Any:
             start = time.perf_counter()
             code = grpc.StatusCode.OK
             try:
+                if request_streaming:
+                    request = _parsed(request, refuse)
+                elif type(request) is Malformed:
+                    raise refuse(request)
                 return await behavior(request, context)
             except MeshserveError as exc:
                 code = exc.code
                 if exc.trailers:
                     context.set_trailing_metadata(exc.trailers)
-                await context.abort(exc.code, str(exc))
+                await context.abort(exc.code, client_message(str(exc)))
             except grpc.aio.AbortError:
                 code = context.code() or grpc.StatusCode.UNKNOWN
                 raise
@@ -198,7 +235,7 @@ class ErrorAndMetricsInterceptor(grpc.aio.ServerInterceptor):
             except Exception as exc:
                 code = grpc.StatusCode.INTERNAL
                 log.exception("unhandled error in %s", method)
-                await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {short}: {exc!r}")
+                await context.abort(grpc.StatusCode.INTERNAL, client_message(f"internal error in {short}: {exc!r}"))
             finally:
                 observe(short, code, time.perf_counter() - start)
 

@@ -6,6 +6,7 @@ import grpc
 import pytest
 
 from services.common.errors import (
+    MAX_MESSAGE_BYTES,
     DeadlineExceeded,
     Internal,
     InvalidArgument,
@@ -13,8 +14,11 @@ from services.common.errors import (
     NotFound,
     ResourceExhausted,
     Unavailable,
+    client_message,
     error_with_code,
     from_rpc_error,
+    quoted,
+    quoted_names,
 )
 
 TYPED = [
@@ -60,3 +64,34 @@ def test_from_rpc_error_without_details_says_the_code() -> None:
     other = from_rpc_error("feature", rpc_error(grpc.StatusCode.UNAUTHENTICATED, ""))
     assert type(other) is MeshserveError and other.code == grpc.StatusCode.UNAUTHENTICATED
     assert str(other) == "feature: UNAUTHENTICATED"
+
+
+def test_a_short_name_is_quoted_whole_and_a_long_one_as_a_prefix_and_its_length() -> None:
+    assert quoted("fraud_mlp") == "'fraud_mlp'"
+    assert quoted("x" * 64) == "'" + "x" * 64 + "'"
+    long = quoted("x" * 200_000)
+    assert long.startswith("'xxxx") and long.endswith("...' (200000 bytes)") and len(long.encode()) < 100
+    wide = quoted("\u00e9" * 100)  # 2 bytes each: the cut never splits a character
+    assert wide.endswith("...' (200 bytes)") and "\ufffd" not in wide
+    assert quoted_names(["a", "b"]) == "'a', 'b'"
+    assert quoted_names([str(i) for i in range(20)], most=3) == "'0', '1', '2' and 17 more"
+
+
+@pytest.mark.parametrize("char", ["x", "\u00e9", "\U0001f600"])
+def test_a_client_message_is_bounded(char: str) -> None:
+    assert client_message("unknown model 'm'") == "unknown model 'm'"
+    text = "unknown model '" + char * 200_000 + "'"
+    message = client_message(text)
+    assert len(message.encode()) <= MAX_MESSAGE_BYTES
+    assert message.startswith("unknown model '" + char * 10)
+    assert message.endswith(f"[cut: {len(text.encode())} bytes in all]")
+    assert message.encode().decode() == message and "\ufffd" not in message
+
+
+def test_a_client_message_names_no_absolute_server_path() -> None:
+    leaky = "RuntimeError('/srv/app/models/fraud_mlp/1/model.pt not found'), see /tmp/x/trace.log: in /work/a.py:3"
+    message = client_message(leaky)
+    assert "/srv" not in message and "/tmp" not in message and "/work" not in message
+    assert "model.pt not found" in message and "trace.log" in message and "a.py:3" in message
+    for kept in ("redis://127.0.0.1:6379/0", "/inference.GRPCInferenceService/ModelInfer", "3/4 rows", "a/b", "/x"):
+        assert client_message(kept) == kept

@@ -20,7 +20,7 @@ from opentelemetry.trace import StatusCode
 from prometheus_client import REGISTRY
 from prometheus_client.openmetrics.exposition import generate_latest
 
-from services.common.errors import InvalidArgument, Unavailable
+from services.common.errors import MAX_MESSAGE_BYTES, InvalidArgument, Unavailable
 from services.common.interceptors import ErrorAndMetricsInterceptor, _unsampled
 
 SERVICE = "interceptortest"
@@ -36,6 +36,25 @@ async def ok(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
 
 async def bad(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
     raise InvalidArgument("input 'x' is missing")
+
+
+HUGE_NAME = "m" * 200_000
+
+
+async def huge(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+    raise InvalidArgument(f"unknown model '{HUGE_NAME}'")
+
+
+async def leaky(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+    raise RuntimeError("/srv/app/models/fraud_mlp/1/model.pt not found " + "x" * 5000)
+
+
+async def check(request: health_pb2.HealthCheckRequest, context: grpc.aio.ServicerContext) -> bytes:
+    return request.service.encode()
+
+
+async def services(requests: AsyncIterator[health_pb2.HealthCheckRequest], context: grpc.aio.ServicerContext) -> bytes:
+    return ",".join([r.service async for r in requests]).encode()
 
 
 class Streams:
@@ -80,6 +99,8 @@ class Streams:
 
 
 Served = tuple[grpc.aio.Channel, InMemorySpanExporter, Streams]
+PARSE = health_pb2.HealthCheckRequest.FromString
+GARBAGE = [b"\xff" * 16, b"\x00", b"\x0a\x05ab"]  # a varint that never ends, field number 0, a cut-off string
 
 
 @pytest.fixture
@@ -92,6 +113,10 @@ async def served() -> AsyncIterator[Served]:
     handlers = {
         "Ok": grpc.unary_unary_rpc_method_handler(ok),
         "Bad": grpc.unary_unary_rpc_method_handler(bad),
+        "Huge": grpc.unary_unary_rpc_method_handler(huge),
+        "Leaky": grpc.unary_unary_rpc_method_handler(leaky),
+        "Parse": grpc.unary_unary_rpc_method_handler(check, request_deserializer=PARSE),
+        "ParseAll": grpc.stream_unary_rpc_method_handler(services, request_deserializer=PARSE),
         "Count": grpc.unary_stream_rpc_method_handler(streams.count),
         "Written": grpc.unary_stream_rpc_method_handler(streams.written),
         "Total": grpc.stream_unary_rpc_method_handler(streams.total),
@@ -205,6 +230,53 @@ async def test_health_checks_are_not_traced_and_unsampled_calls_export_nothing(s
 )
 def test_only_a_well_formed_unsampled_traceparent_skips_the_span(header: str | None, unsampled: bool) -> None:
     assert _unsampled(header) is unsampled
+
+
+async def test_an_error_message_reaches_the_client_bounded_and_without_server_paths(served: Served) -> None:
+    """A 200 kB message in grpc-message would exceed Envoy's header limit: Envoy would reset the stream and the
+    client would see a retryable UNAVAILABLE (so the mesh retries and ejects a healthy replica)."""
+    channel, _, _ = served
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await channel.unary_unary("/test.Echo/Huge")(b"")
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    details = info.value.details() or ""
+    assert details.startswith("unknown model 'mmm") and len(details.encode()) <= MAX_MESSAGE_BYTES
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await channel.unary_unary("/test.Echo/Leaky")(b"")
+    assert info.value.code() == grpc.StatusCode.INTERNAL
+    details = info.value.details() or ""
+    assert details.startswith("internal error in Leaky: RuntimeError(") and "model.pt not found" in details
+    assert "/srv" not in details and len(details.encode()) <= MAX_MESSAGE_BYTES
+
+
+async def test_a_body_that_does_not_parse_is_invalid_argument_with_one_log_line(
+    served: Served, caplog: pytest.LogCaptureFixture
+) -> None:
+    channel, _, _ = served
+    assert await channel.unary_unary("/test.Echo/Parse")(b"\x0a\x02ok") == b"ok"
+    before = handled("Parse", "INVALID_ARGUMENT")
+    caplog.set_level(logging.INFO)
+    for _ in range(10):
+        for body in GARBAGE:
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await channel.unary_unary("/test.Echo/Parse")(body)
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert info.value.details() == "the request body is not a valid grpc.health.v1.HealthCheckRequest"
+    await eventually(lambda: handled("Parse", "INVALID_ARGUMENT") == before + 30)
+    lines = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(lines) == 1, [r.getMessage() for r in lines]
+    assert "/test.Echo/Parse" in lines[0].getMessage() and "\n" not in lines[0].getMessage()
+    assert lines[0].exc_info is None
+
+
+async def test_a_request_stream_element_that_does_not_parse_is_invalid_argument(served: Served) -> None:
+    channel, _, _ = served
+    call = channel.stream_unary("/test.Echo/ParseAll")
+    assert await call(iter([b"\x0a\x01a", b"\x0a\x01b"])) == b"a,b"
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await call(iter([b"\x0a\x01a", b"\xff" * 16]))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "HealthCheckRequest" in (info.value.details() or "")
 
 
 # -- response streams -------------------------------------------------------------------------------------------
