@@ -178,20 +178,24 @@ class ModelConfig(_Strict):
         return self.optimization
 
 
-def load_model_config(path: Path, expected_name: str | None = None) -> ModelConfig:
-    """Read and validate a config.yaml; errors name the file and the offending field."""
+def load_model_config(path: Path, expected_name: str | None = None, shown: str | None = None) -> ModelConfig:
+    """Read and validate a config.yaml; errors name the file (as `shown`, default the path) and the offending
+    field."""
+    where = shown or str(path)
     try:
         raw = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        raise InvalidArgument(f"{path}: cannot read model config: {exc}") from exc
+    except OSError as exc:
+        raise InvalidArgument(f"{where}: cannot read model config: {exc.strerror or type(exc).__name__}") from exc
+    except yaml.YAMLError as exc:
+        raise InvalidArgument(f"{where}: cannot read model config: {exc}") from exc
     if not isinstance(raw, dict):
-        raise InvalidArgument(f"{path}: model config must be a mapping")
+        raise InvalidArgument(f"{where}: model config must be a mapping")
     if expected_name is not None:
         raw.setdefault("name", expected_name)
     try:
         config = ModelConfig.model_validate(raw)
     except ValidationError as exc:
-        raise InvalidArgument(f"{path}: invalid model config: {describe(exc)}") from exc
+        raise InvalidArgument(f"{where}: invalid model config: {describe(exc)}") from exc
     if expected_name is not None and config.name != expected_name:
-        raise InvalidArgument(f"{path}: name {config.name!r} differs from its folder {expected_name!r}")
+        raise InvalidArgument(f"{where}: name {config.name!r} differs from its folder {expected_name!r}")
     return config

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from services.common.errors import InvalidArgument, MeshserveError
+from services.common.errors import InvalidArgument, MeshserveError, quoted_names
 from services.common.server import Lifecycle
 from services.model.manager import ModelManager, RepositoryEntry
 from services.model.stats import VersionStats
@@ -101,7 +101,9 @@ class ModelHandler:
             if request.requested_outputs:
                 unknown = [n for n in request.requested_outputs if n not in outputs]
                 if unknown:
-                    raise InvalidArgument(f"model '{mv.name}' has no output(s) {unknown}; outputs are {list(outputs)}")
+                    raise InvalidArgument(
+                        f"model '{mv.name}' has no output(s) [{quoted_names(unknown)}]; outputs are {list(outputs)}"
+                    )
                 outputs = {n: outputs[n] for n in request.requested_outputs}
         except MeshserveError as exc:
             mv.stats.record_request(False, time.perf_counter_ns() - start, exc.code.name)

@@ -6,13 +6,13 @@ import asyncio
 import logging
 from dataclasses import dataclass, field
 
-from services.common.errors import InvalidArgument, MeshserveError, NotFound, Unavailable
+from services.common.errors import InvalidArgument, MeshserveError, NotFound, Unavailable, quoted
 from services.model.backends import get_backend
 from services.model.backends.base import LoadedModel
 from services.model.batcher import THREAD
 from services.model.config import ModelConfig
 from services.model.faults import DelayedModel
-from services.model.repository import ModelRepository
+from services.model.repository import ModelRepository, check_name, not_in_repository
 from services.model.stats import set_state_metric
 from services.model.version import ModelVersion, choose_execution, warm_up
 
@@ -76,7 +76,8 @@ class ModelManager:
         """The version to serve a request: the asked one, or the newest ready one."""
         entry = self.models.get(name)
         if entry is None:
-            raise NotFound(f"unknown model '{name}'; RepositoryIndex lists the models")
+            check_name(name)
+            raise NotFound(f"unknown model {quoted(name)}; RepositoryIndex lists the models")
         if not version:
             newest = entry.newest
             if newest is None:
@@ -86,7 +87,7 @@ class ModelManager:
         try:
             number = int(version)
         except ValueError:
-            raise NotFound(f"model '{name}' has no version '{version}' (versions are integers)") from None
+            raise NotFound(f"model '{name}' has no version {quoted(version)} (versions are integers)") from None
         mv = entry.ready.get(number)
         if mv is None:
             status = entry.status.get(number)
@@ -142,7 +143,7 @@ class ModelManager:
         """(Re)load a model: new or changed versions load and warm up, then switch in atomically; versions
         that left the policy drain and unload. A broken version never replaces the working ones."""
         if name not in self.models and not self.repository.has_model(name):
-            raise NotFound(f"model '{name}' is not in the repository {self.repository.root}")
+            raise not_in_repository(name)
         entry = self.models.setdefault(name, ModelEntry(name))
         async with entry.lock:
             try:
@@ -170,11 +171,12 @@ class ModelManager:
                     loaded[version] = await self._load_version(config, version)
                     entry.fingerprints[version] = fingerprint
                 except Exception as exc:
-                    failures[version] = f"failed to load: {exc}"
+                    why = self.repository.relative(str(exc))  # reasons reach clients: no server paths
+                    failures[version] = f"failed to load: {why}"
                     log.error("model %s version %d failed to load: %s", name, version, exc)
                     if version in entry.ready:  # the working copy keeps serving
                         entry.status[version] = previous or VersionStatus("READY")
-                        entry.status[version].reason = f"reload failed, still serving the previous copy: {exc}"
+                        entry.status[version].reason = f"reload failed, still serving the previous copy: {why}"
                         set_state_metric(name, version, "READY")
                     else:
                         entry.status[version] = VersionStatus("UNAVAILABLE", failures[version])
@@ -201,7 +203,8 @@ class ModelManager:
         """Stop serving every version of a model; in-flight requests finish first."""
         entry = self.models.get(name)
         if entry is None:
-            raise NotFound(f"unknown model '{name}'")
+            check_name(name)
+            raise NotFound(f"unknown model {quoted(name)}")
         async with entry.lock:
             old, entry.ready = entry.ready, {}
             entry.fingerprints.clear()

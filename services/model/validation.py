@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from services.common.errors import InvalidArgument
+from services.common.errors import InvalidArgument, quoted_names
 from services.common.tensor_codec import datatype_of
 from services.model.config import FLOAT_DATATYPES
 from services.model.version import ModelVersion
@@ -23,7 +23,7 @@ def validate_inputs(mv: ModelVersion, inputs: dict[str, np.ndarray]) -> int:
         if missing:
             parts.append(f"missing input(s) {missing}")
         if unknown:
-            parts.append(f"unknown input(s) {unknown}")
+            parts.append(f"unknown input(s) [{quoted_names(unknown)}]")
         raise InvalidArgument(f"{where}: {', '.join(parts)}; expected inputs {expected}")
     batched = config.max_batch_size > 0
     rows = 1
@@ -35,9 +35,13 @@ def validate_inputs(mv: ModelVersion, inputs: dict[str, np.ndarray]) -> int:
         shape = array.shape
         dims = shape[1:] if batched else shape
         if batched:
-            if len(shape) < 1 or shape[0] < 1:
+            if len(shape) < 1:
                 raise InvalidArgument(
                     f"{where}: input '{spec.name}' shape {list(shape)} needs a batch dimension first, then {spec.dims}"
+                )
+            if shape[0] < 1:
+                raise InvalidArgument(
+                    f"{where}: input '{spec.name}' has 0 rows (shape {list(shape)}); send at least one"
                 )
             if i == 0:
                 rows = shape[0]

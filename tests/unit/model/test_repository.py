@@ -96,3 +96,20 @@ async def test_watcher_loads_new_versions_and_unloads_removed_models(tmp_path: P
         stop.set()
         await asyncio.wait_for(watching, 10)
         await manager.close()
+
+
+def test_a_load_error_is_shown_relative_to_the_repository(repo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(repo.parent)
+    for repository in (ModelRepository(repo), ModelRepository(Path(repo.name))):  # absolute, relative to the cwd
+        assert repository.relative(f"{repo}/mlp/1/model.pt not found") == "mlp/1/model.pt not found"
+        assert repository.relative(f"{repo.resolve()}/mlp/config.yaml") == "mlp/config.yaml"
+
+
+@pytest.mark.parametrize("size", [256, 200_000])
+def test_a_name_longer_than_a_folder_name_is_invalid_argument(repo: Path, size: int) -> None:
+    repository = ModelRepository(repo)
+    assert not repository.has_model("m" * size)
+    with pytest.raises(InvalidArgument, match=f"model name of {size} bytes; a model name has at most 255"):
+        repository.read_config("m" * size)
+    with pytest.raises(NotFound, match="'mmm"):
+        repository.read_config("m" * 255)

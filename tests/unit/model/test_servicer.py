@@ -81,6 +81,7 @@ async def test_infer_with_raw_contents(stub: pb_grpc.GRPCInferenceServiceStub) -
         (infer_request("mlp", np.zeros((1, 8), np.float32), "1"), grpc.StatusCode.NOT_FOUND, "no ready version 1"),
         (infer_request("mlp", np.zeros((1, 4), np.float32)), grpc.StatusCode.INVALID_ARGUMENT, "expected ['batch', 8]"),
         (infer_request("broken", np.zeros((1, 8), np.float32)), grpc.StatusCode.UNAVAILABLE, "registered backends"),
+        (infer_request("mlp", np.zeros((0, 8), np.float32)), grpc.StatusCode.INVALID_ARGUMENT, "input 'x' has 0 rows"),
     ],
 )
 async def test_errors_reach_the_client_as_their_status(
@@ -90,6 +91,75 @@ async def test_errors_reach_the_client_as_their_status(
         await stub.ModelInfer(request_, timeout=10)
     assert err.value.code() == code
     assert fragment in (err.value.details() or "")
+
+
+async def call_each_rpc_naming(stub: pb_grpc.GRPCInferenceServiceStub, name: str) -> list[grpc.aio.AioRpcError]:
+    """The error of every RPC that names a model, asked about `name`."""
+    calls = [
+        lambda: stub.ModelInfer(infer_request(name, np.zeros((1, 8), np.float32)), timeout=10),
+        lambda: stub.ModelInfer(infer_request(name, np.zeros((1, 8), np.float32), version="7"), timeout=10),
+        lambda: stub.ModelMetadata(pb.ModelMetadataRequest(name=name)),
+        lambda: stub.ModelConfig(pb.ModelConfigRequest(name=name)),
+        lambda: stub.ModelStatistics(pb.ModelStatisticsRequest(name=name)),
+        lambda: stub.RepositoryModelLoad(pb.RepositoryModelLoadRequest(model_name=name)),
+        lambda: stub.RepositoryModelUnload(pb.RepositoryModelUnloadRequest(model_name=name)),
+    ]
+    errors = []
+    for call in calls:
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await call()
+        errors.append(err.value)
+    return errors
+
+
+async def test_an_oversized_model_name_is_invalid_and_never_echoed(stub: pb_grpc.GRPCInferenceServiceStub) -> None:
+    """A 200 kB name echoed into grpc-message made Envoy reset the stream (a retryable UNAVAILABLE that ejected
+    healthy replicas); a name longer than any model folder's can be is bad input, answered briefly."""
+    for size in (256, 200_000):
+        for error in await call_each_rpc_naming(stub, "n" * size):
+            assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error
+            details = error.details() or ""
+            assert f"model name of {size} bytes" in details and "n" * 65 not in details and len(details) < 200
+
+
+async def test_an_unknown_name_is_quoted_short(stub: pb_grpc.GRPCInferenceServiceStub) -> None:
+    for error in await call_each_rpc_naming(stub, "q" * 200):
+        assert error.code() == grpc.StatusCode.NOT_FOUND, error
+        details = error.details() or ""
+        assert "'" + "q" * 64 + "...' (200 bytes)" in details and "q" * 65 not in details
+    with pytest.raises(grpc.aio.AioRpcError) as err:  # a version is request input too
+        await stub.ModelInfer(infer_request("mlp", np.zeros((1, 8), np.float32), version="v" * 5000), timeout=10)
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND
+    assert "'" + "v" * 64 + "...' (5000 bytes)" in (err.value.details() or "")
+    for name in ("../repo/mlp", "a\0b", ".hidden", "x/y"):
+        for error in await call_each_rpc_naming(stub, name):
+            assert error.code() == grpc.StatusCode.NOT_FOUND, (name, error)
+
+
+async def test_no_error_a_client_sees_names_the_servers_paths(
+    stub: pb_grpc.GRPCInferenceServiceStub, repo: Path
+) -> None:
+    (repo / "badyaml").mkdir()
+    (repo / "badyaml" / "config.yaml").write_text("name: [unclosed")
+    (repo / "noweights" / "1").mkdir(parents=True)
+    (repo / "noweights" / "config.yaml").write_text(
+        (repo / "mlp" / "config.yaml").read_text().replace("mlp", "noweights")
+    )
+    seen: list[str] = []
+    for name in ("absent", "badyaml", "noweights"):
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await stub.RepositoryModelLoad(pb.RepositoryModelLoadRequest(model_name=name))
+        seen.append(err.value.details() or "")
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await stub.ModelInfer(infer_request("noweights", np.zeros((1, 8), np.float32)), timeout=10)
+    seen.append(err.value.details() or "")
+    index = await stub.RepositoryIndex(pb.RepositoryIndexRequest())
+    seen.extend(m.reason for m in index.models)
+    assert "'absent' is not in the repository" in seen[0]
+    assert seen[1].startswith("badyaml/config.yaml: cannot read model config")
+    assert "noweights/1/model.pt not found" in seen[2] and "noweights/1/model.pt not found" in seen[3]
+    for text in seen:
+        assert str(repo) not in text and str(repo.parent) not in text, text
 
 
 async def test_config_statistics_and_repository_rpcs(stub: pb_grpc.GRPCInferenceServiceStub) -> None:
