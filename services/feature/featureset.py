@@ -6,6 +6,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 from opentelemetry import trace
@@ -13,6 +14,7 @@ from opentelemetry import trace
 from services.common.errors import InvalidArgument
 from services.common.tracing import child_span
 from services.feature import transforms as tf
+from services.feature.bounds import FP32_MAX, SHOWN_VALUE_CHARS, fits_fp32
 from services.feature.spec import (
     Aggregate,
     Clip,
@@ -70,6 +72,8 @@ class Features:
     matrix: np.ndarray
     defaulted: np.ndarray
     degraded: np.ndarray
+    # (rows, aggregates) where the store gave a value FP32 cannot hold (its row took defaults), None: nowhere
+    nonfinite: np.ndarray | None = None
 
 
 class FeatureSet:
@@ -95,6 +99,7 @@ class FeatureSet:
         aggs = [(i, f) for i, f in enumerate(spec.features) if isinstance(f, Aggregate)]
         self._agg_index = [i for i, _ in aggs]
         self._agg_names = [f.name for _, f in aggs]
+        self._agg_entities = [f.entity for _, f in aggs]
         self._agg_columns = np.array([self.slices[i].start for i, _ in aggs], dtype=np.int64)
         self._agg_defaults = np.array([f.default for _, f in aggs], dtype=np.float64)
         self._agg_log1p = np.array([f.then_log1p for _, f in aggs], dtype=bool)
@@ -113,12 +118,29 @@ class FeatureSet:
     def has_aggregates(self) -> bool:
         return bool(self.plan.aggregates)
 
+    @property
+    def aggregate_names(self) -> list[str]:
+        """The aggregate features in the order of Features.nonfinite's columns."""
+        return self._agg_names
+
+    def aggregate_entity(self, j: int) -> tuple[str, str]:
+        """(entity kind, the input holding its id) of aggregate j (in aggregate_names' order)."""
+        kind = self._agg_entities[j]
+        return kind, self.spec.entities[kind]
+
     # -- input -----------------------------------------------------------------------------------
 
     def columns(
-        self, rows: Sequence[Mapping[str, Scalar | None]], fields: Sequence[str] | None = None, what: str = "row"
+        self,
+        rows: Sequence[Mapping[str, Scalar | None]],
+        fields: Sequence[str] | None = None,
+        what: str = "row",
+        max_field_bytes: int | None = None,
     ) -> dict[str, np.ndarray]:
-        """Validated typed columns of the given fields (every input by default); InvalidArgument names row and field."""
+        """Validated typed columns of the given fields (every input by default); InvalidArgument names row and field.
+
+        A string of over max_field_bytes UTF-8 bytes is refused (its message shows only its first characters).
+        """
         inputs = self.spec.inputs
         wanted = list(inputs) if fields is None else list(fields)
         columns: dict[str, np.ndarray] = {}
@@ -135,6 +157,8 @@ class FeatureSet:
                     got = PY_TYPE.get(type(v))
                     if got != expected:
                         raise InvalidArgument(f"{what} {r}: field {name!r} must be {expected}, got {got}")
+            if expected == "string" and max_field_bytes is not None:
+                _check_sizes(cast("list[str]", values), name, what, max_field_bytes)  # (all str: checked above)
             col: np.ndarray = np.array(values, dtype=NP_DTYPE[expected])
             if expected == "double":
                 bad = ~np.isfinite(col)
@@ -147,6 +171,26 @@ class FeatureSet:
                     r = int(np.argmax(bad))
                     raise InvalidArgument(f"{what} {r}: field {name!r} is not unix seconds ({col[r]})")
             columns[name] = col
+        return columns
+
+    def event_columns(
+        self, events: Sequence[Mapping[str, Scalar | None]], max_field_bytes: int | None = None
+    ) -> dict[str, np.ndarray]:
+        """Validated columns of what Ingest needs; a value its sum / mean / max aggregates cannot hold is refused.
+
+        Aggregates are sent as FP32: an event's value must fit FP32 and, for a sum over n buckets, FP32_MAX / n
+        (AggregatePlan.value_limits; the store checks the sums the events make, see ingest.lua).
+        """
+        columns = self.columns(events, self.ingest_fields, "event", max_field_bytes)
+        for name, limit in self.plan.value_limits.items():
+            x = columns[name].astype(np.float64)
+            bad = ~(np.abs(x) <= limit)
+            if bad.any():
+                r = int(np.argmax(bad))
+                raise InvalidArgument(
+                    f"event {r}: field {name!r} is {x[r]:.8g}, more than its aggregates can hold in FP32 "
+                    f"(|x| <= {limit:.8g})"
+                )
         return columns
 
     # -- compute ---------------------------------------------------------------------------------
@@ -172,7 +216,7 @@ class FeatureSet:
                     assert isinstance(f, Lookup)
                     raw, missing = tf.lookup(columns[f.input], table, f.default)
                     defaulted |= missing
-                    self._put(out, values, i, raw)
+                    self._write(out, values, i, self._then(i, raw))
         with child_span(tracer, "feature.request_transforms", {"feature.rows": rows}):
             for i in self._request_index:
                 f = features[i]
@@ -192,7 +236,15 @@ class FeatureSet:
                         x = np.clip(x, f.min, f.max)
                     elif isinstance(f, ZScore):
                         x = tf.zscore(x, f.mean, f.std)
-                    self._put(out, values, i, x)
+                    x = self._then(i, x)
+                    bad = ~fits_fp32(x)
+                    if bad.any():  # made from the caller's own value alone: the caller's error
+                        r = int(np.argmax(bad))
+                        raise InvalidArgument(
+                            f"row {r}: feature {f.name!r} is {x[r]:.8g} (from field {f.input!r}), "
+                            f"beyond what FP32 holds (|x| <= {FP32_MAX:.8g})"
+                        )
+                    self._write(out, values, i, x)
         return Prepared(columns, out, values, defaulted)
 
     def finish(self, prepared: Prepared, online: AggregateResult | None) -> Features:
@@ -201,6 +253,7 @@ class FeatureSet:
         rows = len(out)
         defaulted = prepared.defaulted.copy()
         degraded = np.zeros(rows, dtype=bool)
+        nonfinite = None
         if self.has_aggregates:  # the Redis read itself is the handler's `feature.online_lookup` span
             if online is None:
                 degraded[:] = True
@@ -211,7 +264,14 @@ class FeatureSet:
                 x = np.empty((rows, len(self._agg_index)), dtype=np.float64)
                 for j, i in enumerate(self._agg_index):
                     x[:, j] = online.values[i]
-            # as _put does one column at a time: then_log1p, then_clip
+                fits = fits_fp32(x)
+                if not fits.all():  # the store's failure (ingest refuses what cannot be held): as if it were down
+                    nonfinite = ~fits
+                    poisoned = nonfinite.any(axis=1)
+                    x[poisoned] = self._agg_defaults
+                    degraded |= poisoned
+                    defaulted |= poisoned
+            # as _then does one column at a time: then_log1p, then_clip
             x[:, self._agg_log1p] = tf.log1p_pos(x[:, self._agg_log1p])
             if self._agg_clip:
                 x = np.clip(x, self._agg_lo, self._agg_hi)
@@ -224,20 +284,42 @@ class FeatureSet:
             num = values.get(f.numerator, columns.get(f.numerator))
             den = values.get(f.denominator, columns.get(f.denominator))
             raw, zero = tf.ratio(np.asarray(num, np.float64), np.asarray(den, np.float64), f.default)
+            x = self._then(i, raw)
+            beyond = ~fits_fp32(x)
+            if beyond.any():  # a quotient FP32 cannot hold is as undefined as one by zero
+                zero |= beyond
+                x = self._then(i, np.where(beyond, f.default, raw))
             defaulted |= zero
-            self._put(out, values, i, raw)
-        return Features(out, defaulted, degraded)
+            self._write(out, values, i, x)
+        return Features(out, defaulted, degraded, nonfinite)
 
-    def _put(self, out: np.ndarray, values: dict[str, np.ndarray], i: int, raw: np.ndarray) -> None:
-        """Apply the feature's then_log1p / then_clip and write its one column."""
+    def _then(self, i: int, raw: np.ndarray) -> np.ndarray:
+        """The feature's then_log1p / then_clip applied to its raw values."""
         f = self.spec.features[i]
         x = np.asarray(raw, dtype=np.float64)
         if f.then_log1p:
             x = tf.log1p_pos(x)
         if f.then_clip is not None:
             x = np.clip(x, *f.then_clip)
-        values[f.name] = x
+        return x
+
+    def _write(self, out: np.ndarray, values: dict[str, np.ndarray], i: int, x: np.ndarray) -> None:
+        """Write a one-column feature's final values (ratios after it read them by name)."""
+        values[self.spec.features[i].name] = x
         out[:, self.slices[i].start] = x
+
+
+def _check_sizes(values: Sequence[str], name: str, what: str, limit: int) -> None:
+    """InvalidArgument for the first string over `limit` UTF-8 bytes, naming row and field, not echoing it."""
+    if max(map(len, values)) * 4 <= limit:  # a character is at most 4 bytes: nothing to encode
+        return
+    for r, v in enumerate(values):
+        if len(v) * 4 > limit:
+            size = len(v.encode("utf-8", "surrogatepass"))
+            if size > limit:
+                raise InvalidArgument(
+                    f"{what} {r}: field {name!r} is {size} bytes; at most {limit} (it starts {v[:SHOWN_VALUE_CHARS]!r})"
+                )
 
 
 def load_feature_sets(folder: Path) -> dict[str, FeatureSet]:

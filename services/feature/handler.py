@@ -1,14 +1,15 @@
 """The feature service's domain handler: validated Compute, Ingest and GetFeatureSet in domain types.
 
 The servicer only converts protobuf to these calls and back (converters.py); tests, the benchmarks and
-training (models/feature_replay.py) use this directly. A failed or slow online store never fails Compute:
-aggregates take their defaults and rows are degraded.
+training (models/feature_replay.py) use this directly. A failed or slow online store, or one that gives back
+a value FP32 cannot hold, never fails Compute: aggregates take their defaults and rows are degraded.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Mapping, Sequence
 
@@ -19,15 +20,36 @@ from services.common.errors import InvalidArgument, NotFound, Unavailable
 from services.common.server import Lifecycle
 from services.common.tracing import child_span
 from services.feature import metrics
+from services.feature.bounds import shown
 from services.feature.featureset import Features, FeatureSet, Scalar, load_feature_sets
 from services.feature.settings import FeatureSettings
-from services.feature.store import FAILURES, AggregateResult, OnlineStore
+from services.feature.store import FAILURES, AggregateResult, IngestRefused, OnlineStore
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("meshserve.feature")
 
 Row = Mapping[str, Scalar | None]
 SEND_TURNS = 2  # loop turns redis.asyncio needs from a call to its command on the socket (pool checkout, then write)
+NONFINITE_LOG_EVERY_S = 10.0  # at most one log line per interval about non-finite aggregates from the store
+
+
+class Throttle:
+    """Lets an action through at most once per interval and counts the times it held it back (a log line that a
+    bad entity would otherwise repeat on every request)."""
+
+    def __init__(self, every_s: float) -> None:
+        self.every_s = every_s
+        self.next_at = float("-inf")
+        self.held = 0
+
+    def allow(self) -> int | None:
+        """None when held back; else how many were held back since the last one let through."""
+        now = time.monotonic()
+        if now < self.next_at:
+            self.held += 1
+            return None
+        held, self.held, self.next_at = self.held, 0, now + self.every_s
+        return held
 
 
 class FeatureHandler:
@@ -38,6 +60,7 @@ class FeatureHandler:
         self.lifecycle = lifecycle if lifecycle is not None else Lifecycle()  # the server's, when served
         self.sets = load_feature_sets(settings.features_dir)
         self.store = OnlineStore(redis_url, settings.key_prefix, settings.redis_max_connections)
+        self._nonfinite_log = Throttle(NONFINITE_LOG_EVERY_S)
 
     def live(self) -> bool:
         """The process serves and should not be restarted (until SIGTERM)."""
@@ -50,7 +73,7 @@ class FeatureHandler:
     def feature_set(self, set_id: str) -> FeatureSet:
         found = self.sets.get(set_id)
         if found is None:
-            raise NotFound(f"unknown feature set {set_id!r} (have: {', '.join(sorted(self.sets)) or 'none'})")
+            raise NotFound(f"unknown feature set {shown(set_id)} (have: {', '.join(sorted(self.sets)) or 'none'})")
         return found
 
     def _check_batch(self, n: int, what: str) -> None:
@@ -68,10 +91,10 @@ class FeatureHandler:
         """The FP32 feature matrix of a batch of rows, aggregates as of each row's event time."""
         fs = self.feature_set(set_id)
         self._check_batch(len(rows), "row")
-        if budget_ms < 0:
-            raise InvalidArgument(f"budget_ms {budget_ms} is negative")
+        if not (math.isfinite(budget_ms) and budget_ms >= 0):
+            raise InvalidArgument(f"budget_ms must be a finite number of milliseconds, 0 or more (got {budget_ms})")
         start = time.perf_counter()
-        columns = fs.columns(rows)
+        columns = fs.columns(rows, max_field_bytes=self.settings.max_field_bytes)
         reading: asyncio.Task[tuple[AggregateResult | None, int]] | None = None
         if fs.has_aggregates:
             budget_s = self._budget_s(budget_ms, len(rows))
@@ -86,6 +109,8 @@ class FeatureHandler:
             if reading is not None and not reading.done():  # cancelled (or failed) before the read came back
                 reading.cancel()
         result = fs.finish(prepared, online)
+        if result.nonfinite is not None:
+            self._report_nonfinite(fs, columns, result.nonfinite)
         metrics.COMPUTE_SECONDS.labels(set_id).observe(time.perf_counter() - start)
         metrics.ROWS.labels(set_id).inc(len(rows))
         metrics.REDIS_ROUND_TRIPS.labels(set_id).observe(trips)
@@ -112,18 +137,49 @@ class FeatureHandler:
                 online = None
         return online, self.store.round_trips - before
 
+    def _report_nonfinite(self, fs: FeatureSet, columns: Mapping[str, np.ndarray], nonfinite: np.ndarray) -> None:
+        """Count the store's non-finite aggregates by feature; log the first (feature, entity) once per interval."""
+        for j in np.flatnonzero(nonfinite.any(axis=0)).tolist():
+            metrics.NONFINITE.labels(fs.id, fs.aggregate_names[j]).inc(int(nonfinite[:, j].sum()))
+        held = self._nonfinite_log.allow()
+        if held is None:
+            return
+        r, j = (int(v) for v in np.argwhere(nonfinite)[0])
+        kind, field = fs.aggregate_entity(j)
+        log.warning(
+            "%s: the online store gave a non-finite %s for %s %s (%d values in %d rows of this call took their "
+            "defaults, degraded; %d such calls not logged since the last line)",
+            fs.id,
+            fs.aggregate_names[j],
+            kind,
+            shown(str(columns[field][r])),
+            int(nonfinite.sum()),
+            int(nonfinite.any(axis=1).sum()),
+            held,
+        )
+
     async def ingest(self, set_id: str, events: Sequence[Row]) -> int:
-        """Apply events to the online aggregates (one atomic transaction); Unavailable when the store is out."""
+        """Apply events to the online aggregates (all or none, one round trip); Unavailable when the store is out.
+
+        InvalidArgument names the first event and field whose value (or whose sum with what its bucket holds) the
+        feature set's aggregates cannot hold in FP32; nothing of such a request is written.
+        """
         fs = self.feature_set(set_id)
         self._check_batch(len(events), "event")
-        columns = fs.columns(events, fs.ingest_fields, what="event")
+        columns = fs.event_columns(events, self.settings.max_field_bytes)
         try:
             n = await self.store.ingest(
                 fs.plan, columns, fs.spec.timestamp_field, self.settings.ingest_timeout_ms / 1e3
             )
-        except FAILURES as exc:
+        except IngestRefused as exc:
+            raise InvalidArgument(
+                f"event {exc.event}: field {exc.field!r} would bring a bucket's sum to {exc.total}, more than its "
+                f"aggregates can hold in FP32 (|sum| <= {exc.cap}); nothing of this request was written"
+            ) from None
+        except FAILURES as exc:  # the client library's text names addresses: it goes to the log only
             metrics.REDIS_ERRORS.labels("ingest", type(exc).__name__).inc()
-            raise Unavailable(f"online store unavailable: {exc!r}") from exc
+            log.debug("online store ingest failed: %r", exc)
+            raise Unavailable(f"online store unavailable ({type(exc).__name__})") from exc
         metrics.INGESTED.labels(set_id).inc(n)
         return n
 

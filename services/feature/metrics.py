@@ -33,3 +33,9 @@ REDIS_ERRORS = Counter(
     "Online store operations that failed or ran past their budget.",
     ["op", "kind"],
 )
+NONFINITE = Counter(
+    "meshserve_feature_nonfinite_aggregates_total",
+    "Aggregate values the online store returned that FP32 cannot hold (NaN, Inf, beyond its range); each one's "
+    "row took its defaults and was degraded. By feature set and feature.",
+    ["feature_set", "feature"],
+)

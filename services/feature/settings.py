@@ -36,6 +36,12 @@ class FeatureSettings(ServiceSettings):
     )
     ingest_timeout_ms: float = Field(1000.0, gt=0, description="Time allowed for one batched Ingest write.")
     max_batch: int = Field(1024, ge=1, description="Most rows in one Compute or events in one Ingest.")
+    max_field_bytes: int = Field(
+        256,
+        ge=1,
+        description="Most UTF-8 bytes of one string field of a row or event (an id, a category); longer is "
+        "refused with INVALID_ARGUMENT naming row and field. (A whole request is bounded by max_message_bytes.)",
+    )
     redis_max_connections: int = Field(64, ge=1, description="Redis connection pool size.")
     fault_delay_ms: float = Field(
         0.0, ge=0, description="Fault injection for drills and tests: every online lookup takes this much longer."

@@ -8,7 +8,6 @@ the field (found through yaml's node marks), e.g. `features/fraud_v1.yaml:41: fe
 from __future__ import annotations
 
 import csv
-import math
 import re
 from pathlib import Path
 from typing import Annotated, Literal
@@ -18,11 +17,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 
 from services.common import validation
 from services.common.yaml_docs import UNKNOWN_KEY, DocumentError, located_error, parse_yaml
+from services.feature.bounds import FP32_MAX
 
 InputType = Literal["string", "int64", "double", "bool"]
 NUMERIC: tuple[str, ...] = ("int64", "double", "bool")
 _DURATION = re.compile(r"^(\d+)([smhd])$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+# What a feature takes where it has no value (a degraded row takes every aggregate's): sent as FP32 like any other.
+Fp32 = Annotated[float, Field(ge=-FP32_MAX, le=FP32_MAX)]
 
 
 def parse_duration(text: str) -> int:
@@ -120,7 +122,7 @@ class Ratio(_Feature):
     kind: Literal["ratio"]
     numerator: str
     denominator: str
-    default: float = Field(0.0, description="Value where the denominator is 0.")
+    default: Fp32 = Field(0.0, description="Value where the denominator is 0 (or the quotient beyond FP32).")
 
 
 # -- online aggregates ------------------------------------------------------------------------------
@@ -142,7 +144,7 @@ class Aggregate(_Feature):
     field: str | None = Field(None, description="Input aggregated (sum, mean, max: numeric; distinct: any).")
     window: str | None = Field(None, description="Window length, e.g. 10m, 1h, 24h, 7d (not for since_last).")
     bucket: str | None = Field(None, description="Bucket length; default window/10 (must divide the window).")
-    default: float = Field(0.0, description="Value when there is no data or the store is unavailable.")
+    default: Fp32 = Field(0.0, description="Value when there is no data or the store is unavailable.")
 
     @field_validator("window")
     @classmethod
@@ -197,7 +199,7 @@ class Lookup(_Feature):
     input: str
     table: str
     column: str
-    default: float = 0.0
+    default: Fp32 = 0.0
 
 
 Feature = Annotated[
@@ -322,6 +324,6 @@ def load_table(path: Path, column: str) -> dict[str, float]:
         key = reader.fieldnames[0] if reader.fieldnames else ""
         table = {row[key]: float(row[column]) for row in reader}
     for k, v in table.items():
-        if not math.isfinite(v):
-            raise FeatureSetError(f"{path}: {column} of {k!r} is not finite")
+        if not abs(v) <= FP32_MAX:  # (NaN too)
+            raise FeatureSetError(f"{path}: {column} of {k!r} is {v}, not a value FP32 holds (|x| <= {FP32_MAX:.8g})")
     return table

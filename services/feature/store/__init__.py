@@ -5,20 +5,20 @@ ingest.lua / read.lua with scripts.py: the Lua scripts and their arguments; deco
 client.py: OnlineStore, the Redis client the feature handler uses.
 """
 
-from services.feature.store.client import FAILURES, OnlineStore
+from services.feature.store.client import FAILURES, IngestRefused, OnlineStore
 from services.feature.store.decode import AggregateResult
 from services.feature.store.layout import BAND, BucketGroup, DistinctGroup
 from services.feature.store.plan import AggregatePlan
-from services.feature.store.scripts import INGEST_CHUNK_EVENTS, READ_CHUNK_ROWS
+from services.feature.store.scripts import READ_CHUNK_ROWS
 
 __all__ = [
     "BAND",
     "FAILURES",
-    "INGEST_CHUNK_EVENTS",
     "READ_CHUNK_ROWS",
     "AggregatePlan",
     "AggregateResult",
     "BucketGroup",
     "DistinctGroup",
+    "IngestRefused",
     "OnlineStore",
 ]

@@ -16,12 +16,20 @@ from services.feature.store.plan import AggregatePlan
 from services.feature.store.scripts import INGEST_LUA, READ_LUA, Scripts, id_table, ingest_args, read_args
 
 FAILURES = (RedisError, OSError, TimeoutError)  # what a store call raises when Redis is down, slow or refusing
-# One command or script may take this long: an ingest transaction of a full batch (max_batch events through
-# ingest.lua) runs far longer than a cache GET, so the feature service allows more than the cache does. Compute
-# is bounded by its own (shorter) budget.
+# One command or script may take this long: an ingest of a full batch (max_batch events through one ingest.lua
+# call) runs far longer than a cache GET, so the feature service allows more than the cache does. Compute is
+# bounded by its own (shorter) budget.
 COMMAND_TIMEOUT_S = 2.0
 PREPARE_TIMEOUT_S = 2.0
 PING_TIMEOUT_S = 1.0
+
+
+class IngestRefused(Exception):
+    """ingest.lua refused a request whole (nothing written): an event would bring a bucket's sum past its cap."""
+
+    def __init__(self, event: int, field: str, total: str, cap: str) -> None:
+        super().__init__(f"event {event}: field {field!r}: a bucket's sum would be {total} (at most {cap})")
+        self.event, self.field, self.total, self.cap = event, field, total, cap
 
 
 class OnlineStore:
@@ -42,29 +50,27 @@ class OnlineStore:
     async def ingest(
         self, plan: AggregatePlan, columns: Mapping[str, np.ndarray], ts_field: str, timeout_s: float
     ) -> int:
-        """Apply a batch of events (validated columns) atomically: one MULTI/EXEC of ingest-script calls.
+        """Apply a batch of events (validated columns) atomically, in one round trip: one ingest.lua call.
 
-        Each script call applies INGEST_CHUNK_EVENTS events (bucket records, HyperLogLogs, last-seen sets,
-        pruning and TTLs); all the calls run in one transaction, so a batch is applied whole or not at all.
+        The script updates bucket records, HyperLogLogs, last-seen sets, pruning and TTLs. It checks every event
+        before it writes any, so a batch is applied whole or not at all: IngestRefused when an event would bring
+        a bucket's sum past what its aggregates can hold (AggregatePlan.sum_cap).
         """
         rows = len(columns[ts_field])
         if not rows or not plan.aggregates:
             return rows
-        chunks = ingest_args(plan, columns, ts_field)
+        events = ingest_args(plan, columns, ts_field)
         ingest_plan = plan.ingest_plan(self.base(plan))
         async with asyncio.timeout(timeout_s):
             try:
-                await self._run_ingest(ingest_plan, chunks)
-            except NoScriptError:  # nothing was applied (every call failed alike): load it and retry once
+                reply = await self.client.evalsha(self.scripts.ingest.sha, 0, ingest_plan, events)
+            except NoScriptError:  # a restarted or different server (nothing was applied): load it and retry once
                 self.scripts.ingest.sha = await self.client.script_load(INGEST_LUA)
-                await self._run_ingest(ingest_plan, chunks)
+                reply = await self.client.evalsha(self.scripts.ingest.sha, 0, ingest_plan, events)
+        if isinstance(reply, list):
+            event, field, total, cap = reply
+            raise IngestRefused(int(event), _text(field), _text(total), _text(cap))
         return rows
-
-    async def _run_ingest(self, ingest_plan: str, chunks: list[str]) -> None:
-        pipe = self.client.pipeline(transaction=True)
-        for chunk in chunks:
-            pipe.evalsha(self.scripts.ingest.sha, 0, ingest_plan, chunk)
-        await pipe.execute()
 
     # -- read -------------------------------------------------------------------------------------
 
@@ -127,3 +133,7 @@ class OnlineStore:
 
     async def close(self) -> None:
         await self.client.aclose()
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

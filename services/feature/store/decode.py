@@ -92,7 +92,8 @@ def windowed(
             values[fi] = np.where(empty, default, best)
         else:  # mean
             total = np.bincount(owner, records[:, col], minlength=rows)
-            values[fi] = np.where(empty, default, total / np.where(empty, 1.0, count))
+            with np.errstate(invalid="ignore", over="ignore"):  # records the store mangled (FeatureSet.finish degrades)
+                values[fi] = np.where(empty, default, total / np.where(empty, 1.0, count))
         defaulted |= empty
     if layout.scalars:
         others = np.array(numbers, dtype=np.float64).reshape(rows, len(layout.scalars))

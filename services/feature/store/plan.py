@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import NamedTuple
 
+from services.feature.bounds import DOUBLE_MAX, FP32_MAX
 from services.feature.spec import Aggregate, FeatureSetSpec
 from services.feature.store.layout import (
     BAND,
@@ -72,6 +73,8 @@ class AggregatePlan:
     distinct: list[DistinctGroup] = field(default_factory=list)
     last_seen: list[str] = field(default_factory=list)  # entity kinds with a since_last aggregate
     last_seen_ttl_s: int = MIN_LAST_SEEN_TTL_S
+    # (entity kind, bucket s, field) -> buckets of the longest sum aggregate of that field over such buckets
+    summed: dict[tuple[str, int, str], int] = field(default_factory=dict)
     _ingest_plans: dict[str, str] = field(default_factory=dict, repr=False)  # by key base
     _read_plans: dict[str, bytes] = field(default_factory=dict, repr=False)  # by key base
 
@@ -93,6 +96,9 @@ class AggregatePlan:
                 distinct[key] = max(distinct.get(key, 0), n)
             if a.op in ("sum", "mean"):
                 sums.add(a.field or "")
+            if a.op == "sum":
+                summed = (a.entity, a.bucket_s, a.field or "")
+                plan.summed[summed] = max(plan.summed.get(summed, 0), n)
             if a.op == "max":
                 maxes.add(a.field or "")
             groups[(a.entity, a.bucket_s)] = (max(buckets, n), sums, maxes)
@@ -122,6 +128,26 @@ class AggregatePlan:
         if a.op == "max":
             return 1 + len(g.sum_fields) + g.max_fields.index(a.field or "")
         return 1 + g.sum_fields.index(a.field or "")
+
+    def sum_cap(self, g: BucketGroup, name: str) -> float:
+        """The most |sum| of field `name` a bucket of g may hold (ingest.lua refuses an event past it).
+
+        A sum aggregate over n buckets is sent as FP32, so each bucket may hold FP32_MAX / n (any window of them
+        then fits); a field g only averages needs its sum finite as the double it is stored in (each value
+        fits FP32, see value_limits, so the mean does).
+        """
+        n = self.summed.get((g.entity, g.bucket_s, name))
+        return DOUBLE_MAX if n is None else FP32_MAX / n
+
+    @cached_property
+    def value_limits(self) -> dict[str, float]:
+        """Field -> the largest |value| one event may carry: what its sum, mean and max aggregates can hold."""
+        limits: dict[str, float] = {}
+        for _, a in self.aggregates:
+            if a.op in ("sum", "mean", "max") and a.field is not None:
+                limit = FP32_MAX / (a.window_s // a.bucket_s) if a.op == "sum" else FP32_MAX
+                limits[a.field] = min(limits.get(a.field, limit), limit)
+        return limits
 
     @property
     def entity_order(self) -> list[str]:
@@ -194,6 +220,7 @@ class AggregatePlan:
                     "size": 8 * width,
                     "pad": width - g.width,
                     "sums": list(g.sum_fields),
+                    "caps": [self.sum_cap(g, f) for f in g.sum_fields],
                     "maxes": list(g.max_fields),
                     "ttl": self.entity_ttl_s(g.entity),
                     "prune_len": g.prune_len,

@@ -14,7 +14,6 @@ from redis.commands.core import AsyncScript
 from services.feature.store.plan import AggregatePlan
 
 READ_CHUNK_ROWS = 128  # rows per read-script call: bounds how long one call holds Redis
-INGEST_CHUNK_EVENTS = 128  # events per ingest-script call
 
 
 def source(name: str) -> str:
@@ -43,12 +42,12 @@ class Scripts:
             script.sha = await client.script_load(script.script)
 
 
-def ingest_args(plan: AggregatePlan, columns: Mapping[str, np.ndarray], ts_field: str) -> list[str]:
-    """ARGV[2] of ingest.lua per chunk of INGEST_CHUNK_EVENTS events: [[t, ids..., {field: value as text}], ...].
+def ingest_args(plan: AggregatePlan, columns: Mapping[str, np.ndarray], ts_field: str) -> str:
+    """ARGV[2] of ingest.lua: every event of the request, [[t, ids..., {field: value as text}], ...].
 
-    Numbers travel as Python's repr of the float (Lua's tonumber reads it back exactly); distinct values as text.
+    One script call takes them all, so that it can check every event before it writes any (ingest.lua). Numbers
+    travel as Python's repr of the float (Lua's tonumber reads it back exactly); distinct values as text.
     """
-    rows = len(columns[ts_field])
     ts = columns[ts_field].astype(np.int64).tolist()
     id_columns = [[str(v) for v in columns[plan.entities[e]].tolist()] for e in plan.entity_order]
     numeric = sorted({f for g in plan.groups for f in (*g.sum_fields, *g.max_fields)})
@@ -58,7 +57,7 @@ def ingest_args(plan: AggregatePlan, columns: Mapping[str, np.ndarray], ts_field
     events = [
         [t, *ids, {f: texts[f][i] for f in texts}] for i, (t, *ids) in enumerate(zip(ts, *id_columns, strict=True))
     ]
-    return [json.dumps(events[i : i + INGEST_CHUNK_EVENTS]) for i in range(0, rows, INGEST_CHUNK_EVENTS)]
+    return json.dumps(events)
 
 
 def id_table(plan: AggregatePlan, columns: Mapping[str, np.ndarray], rows: int) -> np.ndarray:

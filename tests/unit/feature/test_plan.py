@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import sys
 
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -21,6 +23,7 @@ from services.feature.store.layout import (
     score,
 )
 from services.feature.store.plan import AggregatePlan
+from tests.helpers.fixtures import AGG_YAML
 from tests.unit.feature.specs import agg_plan, spec_of
 
 BASE = key_base("meshserve:feature:", "agg_v1")
@@ -177,3 +180,17 @@ def test_fraud_v1_plan() -> None:
         ("device", "user_id", 28, 6),
     }
     assert sorted(plan.last_seen) == ["device", "merchant", "user"]
+
+
+def test_ingest_plan_caps_bucket_sums_so_windows_stay_finite_in_fp32() -> None:
+    """A bucket's sum of a field that a sum aggregate reads over n buckets is capped at FP32_MAX / n (so any window
+    of them fits FP32); a field only averaged needs its sum finite as a double; each event's value must fit too."""
+    fp32_max = float(np.finfo(np.float32).max)
+    plan = agg_plan()
+    odd = json.loads(plan.ingest_plan(BASE))["groups"][1]  # user, 1 min buckets: u_sum_5m and u_mean_5m
+    assert odd["sums"] == ["amount"] and odd["caps"] == [fp32_max / 5]
+    averaged = spec_of(AGG_YAML.replace("  - {name: u_sum_5m", "  # "))
+    [group] = [g for g in json.loads(AggregatePlan.of(averaged).ingest_plan(BASE))["groups"] if g["sums"]]
+    assert group["caps"] == [sys.float_info.max]
+    assert plan.value_limits == {"amount": fp32_max / 5}  # summed over 5 buckets, averaged, maxed
+    assert AggregatePlan.of(averaged).value_limits == {"amount": fp32_max}

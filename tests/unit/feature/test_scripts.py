@@ -8,7 +8,6 @@ import re
 import numpy as np
 
 from services.feature.store.scripts import (
-    INGEST_CHUNK_EVENTS,
     INGEST_LUA,
     READ_CHUNK_ROWS,
     READ_LUA,
@@ -30,18 +29,19 @@ def test_sources_are_the_package_files() -> None:
         assert not re.search(r"\$\w+|\{\{|__\w+__", text), "no template placeholders left in the Lua"
 
 
-def test_ingest_args_chunk_the_events() -> None:
+def test_ingest_args_carry_every_event_in_one_call() -> None:
+    """One script call per request, so that ingest.lua can check every event before it writes any."""
     plan = agg_plan()
-    n = INGEST_CHUNK_EVENTS + 3
+    n = 300
     columns = {
         "ts": np.arange(n, dtype=np.int64) + 1_700_000_000,
         "user": np.array([f"u{i % 3}" for i in range(n)], dtype=object),
         "merchant": np.array([f"m{i % 2}" for i in range(n)], dtype=object),
         "amount": np.linspace(0.1, 99.9, n),
     }
-    chunks = ingest_args(plan, columns, "ts")
-    assert [len(json.loads(c)) for c in chunks] == [INGEST_CHUNK_EVENTS, 3]
-    first = json.loads(chunks[0])[1]
+    events = json.loads(ingest_args(plan, columns, "ts"))
+    assert len(events) == n
+    first = events[1]
     # [t, ids in the plan's entity order (merchant, user), {field: text}]: amounts as repr, distinct values as text
     assert first == [1_700_000_001, "m1", "u1", {"amount": repr(float(columns["amount"][1])), "merchant": "m1"}]
     assert float(first[3]["amount"]) == columns["amount"][1]
