@@ -16,11 +16,10 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 from opentelemetry import trace
 
-from services.common.errors import InvalidArgument, NotFound, Unavailable
+from services.common.errors import InvalidArgument, NotFound, Unavailable, quoted
 from services.common.server import Lifecycle
 from services.common.tracing import child_span
 from services.feature import metrics
-from services.feature.bounds import shown
 from services.feature.featureset import Features, FeatureSet, Scalar, load_feature_sets
 from services.feature.settings import FeatureSettings
 from services.feature.store import FAILURES, AggregateResult, IngestRefused, OnlineStore
@@ -73,7 +72,7 @@ class FeatureHandler:
     def feature_set(self, set_id: str) -> FeatureSet:
         found = self.sets.get(set_id)
         if found is None:
-            raise NotFound(f"unknown feature set {shown(set_id)} (have: {', '.join(sorted(self.sets)) or 'none'})")
+            raise NotFound(f"unknown feature set {quoted(set_id)} (have: {', '.join(sorted(self.sets)) or 'none'})")
         return found
 
     def _check_batch(self, n: int, what: str) -> None:
@@ -152,7 +151,7 @@ class FeatureHandler:
             fs.id,
             fs.aggregate_names[j],
             kind,
-            shown(str(columns[field][r])),
+            quoted(str(columns[field][r])),
             int(nonfinite.sum()),
             int(nonfinite.any(axis=1).sum()),
             held,
