@@ -139,7 +139,7 @@ async def test_an_unknown_feature_set_name_is_cut_in_the_message(make_offline_ha
         with pytest.raises(NotFound) as err:
             await call
         message = str(err.value)
-        assert "x" * 64 in message and "y" not in message.replace("fraud_v1", "")
+        assert "x" * 64 in message and "yy" not in message
         assert f"{len(name)} bytes" in message and len(message) < MESSAGE_LIMIT
     with pytest.raises(NotFound, match=r"unknown feature set 'fraud_v9' \(have: fraud_v1\)"):
         handler.feature_set("fraud_v9")
