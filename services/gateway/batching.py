@@ -106,6 +106,11 @@ class StageBatcher(Generic[T, R]):
                 raise result
             return result
         loop = asyncio.get_running_loop()
+        lane = self._lanes.get(key)
+        if lane is None:
+            lane = self._lanes[key] = _Lane(key)
+        if self._alone_now(lane, loop):
+            return await self._alone(lane, item, rows, timeout_s, loop)
         member: _Member[T, R] = _Member(
             item,
             rows,
@@ -115,9 +120,6 @@ class StageBatcher(Generic[T, R]):
             shared=shared,
         )
         member.timer = loop.call_later(timeout_s, self._expire, member, timeout_s)
-        lane = self._lanes.get(key)
-        if lane is None:
-            lane = self._lanes[key] = _Lane(key)
         lane.queue.append(member)
         lane.rows += rows
         self._schedule(lane, loop)
@@ -125,6 +127,31 @@ class StageBatcher(Generic[T, R]):
             return await member.future
         finally:
             member.timer.cancel()
+
+    def _alone_now(self, lane: _Lane[T, R], loop: asyncio.AbstractEventLoop) -> bool:
+        """Whether this caller's call can go now, in its own task: a slot is free, nobody waits, no wait is
+        configured, and nothing else is due in this loop step (so nobody could join before the loop idles)."""
+        if self.max_delay_s or lane.queue or lane.pending or lane.inflight >= self.max_inflight:
+            return False
+        hooks = idle_hooks(loop)
+        return hooks is not None and hooks.nothing_ready()
+
+    async def _alone(
+        self, lane: _Lane[T, R], item: T, rows: int, timeout_s: float, loop: asyncio.AbstractEventLoop
+    ) -> R:
+        """A lone caller's call, sent from its own task (its timeout is the call's own); later callers queue."""
+        lane.inflight += 1
+        self._members.observe(1)
+        self._rows.observe(rows)
+        try:
+            with self._span([trace.get_current_span().get_span_context()], rows):
+                result = (await self.call([item], timeout_s, lane.key))[0]
+        finally:
+            lane.inflight -= 1
+            self._schedule(lane, loop)
+        if isinstance(result, BaseException):
+            raise result
+        return result
 
     def _expire(self, member: _Member[T, R], timeout_s: float) -> None:
         if not member.future.done():
@@ -192,7 +219,7 @@ class StageBatcher(Generic[T, R]):
         timeout = max(m.end for m in members) - time.monotonic()
         results: Sequence[R | BaseException]
         try:
-            with self._span(members, rows):
+            with self._span([m.span for m in members], rows):
                 results = await self.call([m.item for m in members], max(timeout, 0.001), lane.key)
             if len(results) != len(members):
                 raise RuntimeError(f"{self.stage}: {len(results)} results for {len(members)} members")
@@ -211,13 +238,13 @@ class StageBatcher(Generic[T, R]):
             else:
                 member.future.set_result(result)
 
-    def _span(self, members: Sequence[_Member[T, R]], rows: int) -> AbstractContextManager[object]:
+    def _span(self, members: Sequence[trace.SpanContext], rows: int) -> AbstractContextManager[object]:
         """The batch's span, a child of the first member's stage span and linked to every member's; when the
         first member is not sampled, no span, but the hop still carries that member's (unsampled) context."""
-        first = members[0].span
+        first = members[0]
         if not first.trace_flags.sampled:
             return trace.use_span(trace.NonRecordingSpan(first))
-        links = [trace.Link(m.span, {"batch.index": i}) for i, m in enumerate(members) if m.span.is_valid]
+        links = [trace.Link(m, {"batch.index": i}) for i, m in enumerate(members) if m.is_valid]
         return tracer.start_as_current_span(
             self.span_name,
             context=trace.set_span_in_context(trace.NonRecordingSpan(first)),

@@ -27,9 +27,11 @@ class Downstream:
         self.gate: asyncio.Event | None = None
         self.fail: Exception | None = None
         self.bad: set[int] = set()
+        self.tasks: list[asyncio.Task | None] = []  # the task each call ran in
 
     async def __call__(self, items: Sequence[int], timeout_s: float, key: Hashable) -> list[int | BaseException]:
         self.calls.append(list(items))
+        self.tasks.append(asyncio.current_task())
         self.timeouts.append(timeout_s)
         self.keys.append(key)
         if self.gate is not None:
@@ -291,3 +293,40 @@ async def test_gathering_sends_at_once_when_the_batch_is_full() -> None:
         assert await asyncio.wait_for(asyncio.gather(b.submit(1, 1, 10.0), b.submit(2, 1, 10.0)), 1.0) == [2, 4]
     finally:
         busy = False
+
+
+async def test_a_lone_request_with_nothing_else_due_calls_from_its_own_task() -> None:
+    down = Downstream()
+    b = batcher(down, max_gather_s=5.0)
+    await asyncio.sleep(0.01)  # nothing else is due on the loop now
+    assert await b.submit(3, 1, 1.0) == 6
+    assert down.tasks == [asyncio.current_task()]  # no batch task, no loop step waited
+
+
+async def test_callers_behind_a_lone_call_form_the_next_batch() -> None:
+    down = Downstream()
+    down.gate = asyncio.Event()
+    b = batcher(down, max_gather_s=5.0)
+    await asyncio.sleep(0.01)
+    lone = asyncio.ensure_future(b.submit(1, 1, 5.0))
+    await asyncio.sleep(0.01)
+    assert down.calls == [[1]] and down.tasks == [lone]
+    later = [asyncio.ensure_future(b.submit(i, 1, 5.0)) for i in (2, 3)]
+    await asyncio.sleep(0.01)
+    assert down.calls == [[1]]  # the lone call holds the lane's one slot
+    down.gate.set()
+    assert await asyncio.gather(lone, *later) == [2, 4, 6]
+    assert down.calls == [[1], [2, 3]]
+
+
+async def test_a_lone_call_has_its_batch_span_with_one_link(
+    provider: tuple[TracerProvider, InMemorySpanExporter],
+) -> None:
+    sdk, exporter = provider
+    b = batcher(Downstream(), max_gather_s=5.0)
+    await asyncio.sleep(0.01)
+    with sdk.get_tracer("test").start_as_current_span("features") as span:
+        assert await b.submit(1, 1, 1.0) == 2
+    (batch,) = [s for s in exporter.get_finished_spans() if s.name == "features.batch"]
+    assert batch.parent is not None and batch.parent.span_id == span.get_span_context().span_id
+    assert [link.context.span_id for link in batch.links] == [span.get_span_context().span_id]
