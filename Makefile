@@ -71,6 +71,7 @@ bench: setup models
 	$(PY) -m bench.pipeline
 	$(PY) -m bench.mesh
 	$(PY) -m bench.tracing
+	$(PY) -m bench.stack
 
 bench-peers: setup models
 	$(PY) -m bench.peers

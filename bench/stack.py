@@ -1,0 +1,425 @@
+"""`python -m bench.stack`: the whole local stack (`meshserve up`: Envoy ingress and sidecar listeners, every service)
+under perf_analyzer with distinct fraud transactions, beside a bare gRPC server in the same run, with issue 14's
+two targets (c=1 p50 and c=8 throughput, each relative to the bare server)."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from bench import results
+from bench.model_service import floor_argv
+from bench.perf_analyzer import PerfAnalyzerError, PerfResult, ensure_perf_analyzer, run_perf_analyzer
+from bench.pipeline import transaction_values
+from bench.serving import ROOT, ServerStartError, free_port, running
+
+if TYPE_CHECKING:
+    from services.traces.analysis import Node, Trace
+
+COMMAND = "python -m bench.stack"
+PREFIX = "stack"
+PIPELINE = "fraud"
+FLOOR_MODEL = "fraud_mlp"  # the floor answers any model with the same config; fraud_mlp's shape, as bench.model_service
+CONCURRENCY = (1, 8)
+TRANSACTIONS = 20_000
+STACK, FLOOR = "stack", "floor"
+INGRESS_STAGE = "envoy.ingress"
+
+# Issue 14's targets, each against the bare server measured in the same run.
+C1_P50_MOST = 6.0  # stack c=1 p50 <= 6 x the floor's
+TODAY_C8_RPS, TODAY_FLOOR_C8_RPS = 80.0, 2261.0  # the issue's run: the stack's c=8 req/s, the floor's c=8 infer/s
+C8_THROUGHPUT_LEAST = 3 * TODAY_C8_RPS / TODAY_FLOOR_C8_RPS  # stack c=8 / floor c=8 >= 3 x today's 80 / 2,261
+
+
+def transaction_entry(i: int, t0: int) -> dict[str, list[Any]]:
+    """One fraud transaction as perf_analyzer's --input-data wants it: each input's values as a flat list."""
+    return {
+        name: [value] if isinstance(value, str) else [x.item() for x in value.reshape(-1)]
+        for name, value in transaction_values(i, t0).items()
+    }
+
+
+def write_input_data(path: Path, first: int, n: int, t0: int) -> Path:
+    """An --input-data file of the n distinct transactions first .. first + n - 1 (perf_analyzer sends them in turn)."""
+    path.write_text(json.dumps({"data": [transaction_entry(i, t0) for i in range(first, first + n)]}))
+    return path
+
+
+class InputFiles:
+    """A fresh file of distinct transactions per perf_analyzer run, so that no run meets another's in the cache."""
+
+    def __init__(self, folder: Path, n: int, t0: int) -> None:
+        self.folder = folder
+        self.n = n
+        self.t0 = t0
+        self.made = 0
+
+    def next(self) -> Path:
+        path = write_input_data(self.folder / f"transactions-{self.made}.json", self.made * self.n, self.n, self.t0)
+        self.made += 1
+        return path
+
+
+@dataclass
+class RunningStack:
+    """A `meshserve up` subprocess and what its stack.json says."""
+
+    process: subprocess.Popen[bytes]
+    log_dir: Path
+    ingress: str
+    state: dict[str, Any]
+
+
+def up_command(log_dir: Path, up_args: Sequence[str] = ()) -> list[str]:
+    """`meshserve up` on free ports, headless (no demo traffic), logging into `log_dir`."""
+    python = ROOT / ".venv" / "bin" / "python"
+    exe = str(python) if python.exists() else sys.executable
+    return [exe, "-m", "services.cli.main", "up", "--port-base", "0", "--log-dir", str(log_dir), *up_args]
+
+
+@contextlib.contextmanager
+def local_stack(
+    log_dir: Path,
+    up_args: Sequence[str] = (),
+    env: dict[str, str] | None = None,
+    cwd: Path = ROOT,
+    timeout_s: float = 180.0,
+) -> Iterator[RunningStack]:
+    """Start the stack as `meshserve up` does, yield once its ingress answers, then stop it with SIGTERM (as
+    Ctrl-C would) and wait for its orderly shutdown."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    out_path = log_dir / "up.out"
+    state_path = log_dir / "stack.json"
+    with out_path.open("wb") as out:
+        process = subprocess.Popen(
+            up_command(log_dir, up_args),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=cwd,
+            env={**os.environ, "COLUMNS": "200", **(env or {})},
+            start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + timeout_s
+        while not state_path.exists():  # written once the ingress reaches the gateway through Envoy
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise ServerStartError(f"meshserve up did not come up ({out_path}):\n{out_path.read_text()[-3000:]}")
+            time.sleep(0.2)
+        state = json.loads(state_path.read_text())
+        yield RunningStack(process, log_dir, state["ingress"] or state["gateway"], state)
+    finally:
+        stop_stack(process)
+
+
+def stop_stack(process: subprocess.Popen[bytes], timeout_s: float = 60.0) -> None:
+    """SIGTERM to the supervisor (it stops its children in reverse order); SIGKILL to the group if it hangs."""
+    if process.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait(10)
+
+
+# ----------------------------------------------------------------------------- figures (pure)
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+@dataclass(frozen=True)
+class Target:
+    """One of the issue's targets: a measured ratio against a threshold."""
+
+    name: str
+    label: str
+    value: float | None
+    threshold: float
+    at_most: bool  # True: value <= threshold passes; False: value >= threshold passes
+
+    @property
+    def verdict(self) -> str:
+        if self.value is None:
+            return "n/a"
+        ok = self.value <= self.threshold if self.at_most else self.value >= self.threshold
+        return "PASS" if ok else "FAIL"
+
+    @property
+    def bound(self) -> str:
+        return f"{'<=' if self.at_most else '>='} {self.threshold:.3g}"
+
+
+def targets(stack: dict[int, PerfResult], floor: dict[int, PerfResult]) -> list[Target]:
+    """The c=1 p50 ratio (stack / floor, at most 6) and the c=8 throughput ratio (at least 3 x 80 / 2,261)."""
+    s1, f1, s8, f8 = stack.get(1), floor.get(1), stack.get(8), floor.get(8)
+    return [
+        Target(
+            "target.c1_p50_vs_floor",
+            "c=1 p50, stack / bare server",
+            ratio(s1.p50_us if s1 else None, f1.p50_us if f1 else None),
+            C1_P50_MOST,
+            at_most=True,
+        ),
+        Target(
+            "target.c8_throughput_vs_floor",
+            "c=8 req/s, stack / bare server",
+            ratio(s8.throughput if s8 else None, f8.throughput if f8 else None),
+            C8_THROUGHPUT_LEAST,
+            at_most=False,
+        ),
+    ]
+
+
+def median_result(runs: Sequence[PerfResult]) -> PerfResult:
+    """The run with the median p50 (over rounds: one real measurement, not a blend of several)."""
+    ordered = sorted(runs, key=lambda r: r.p50_us)
+    return ordered[(len(ordered) - 1) // 2]
+
+
+def figures(stack: dict[int, PerfResult], floor: dict[int, PerfResult], command: str = COMMAND) -> list[dict[str, Any]]:
+    """Every figure of a run for bench/results/latest.json, the targets last."""
+    out: list[dict[str, Any]] = []
+    for c in sorted(set(stack) | set(floor)):
+        for who, measured in ((STACK, stack), (FLOOR, floor)):
+            r = measured.get(c)
+            if r is None:
+                continue
+            versus = "" if who == FLOOR else f"the bare grpc.aio server (bench.floor_server) at c={c}, same run"
+            shown = f"{command} -> {r.command}"
+            out += [
+                results.figure(f"{PREFIX}.{who}.c{c}.throughput", round(r.throughput, 1), "req/s", versus, shown),
+                results.figure(f"{PREFIX}.{who}.c{c}.p50", round(r.p50_ms, 3), "ms", versus, shown),
+                results.figure(f"{PREFIX}.{who}.c{c}.p99", round(r.p99_ms, 3), "ms", versus, shown),
+            ]
+    for t in targets(stack, floor):
+        value = None if t.value is None else round(t.value, 4)
+        out.append(results.figure(f"{PREFIX}.{t.name}", value, "ratio", f"the bare server; target {t.bound}", command))
+    return out
+
+
+def table_rows(stack: dict[int, PerfResult], floor: dict[int, PerfResult]) -> list[list[Any]]:
+    """One row per concurrency: stack and floor req/s, p50, p99, and the stack / floor ratios."""
+    rows = []
+    for c in sorted(set(stack) | set(floor)):
+        s, f = stack.get(c), floor.get(c)
+        rows.append(
+            [
+                c,
+                s.throughput if s else None,
+                s.p50_ms if s else None,
+                s.p99_ms if s else None,
+                f.throughput if f else None,
+                f.p50_ms if f else None,
+                f.p99_ms if f else None,
+                ratio(s.throughput if s else None, f.throughput if f else None),
+                ratio(s.p50_us if s else None, f.p50_us if f else None),
+            ]
+        )
+    return rows
+
+
+# ----------------------------------------------------------------------------- the run
+
+
+def request_traces(db: Path, since_ns: int) -> list[Trace]:
+    """The complete request traces (rooted at the ingress, not housekeeping) the stack stored since `since_ns`: the
+    ingress samples 10% of new traces (istio/telemetry.yaml)."""
+    from services.traces.analysis import assemble, select
+    from services.traces.store import TraceStore
+
+    if not db.exists():
+        return []
+    with TraceStore(db) as store:
+        rows = store.recent_traces(None, since_ns)
+        traces = select(assemble(store.spans(r.trace_id for r in rows)), None, since_ns)
+    return [t for t in traces if t.complete and t.root.stage == INGRESS_STAGE]
+
+
+LEGS = ("caller to Envoy", "Envoy to callee", "callee", "callee to Envoy", "Envoy to caller")
+
+
+def hop_legs(traces: Sequence[Trace]) -> dict[str, list[dict[str, float]]]:
+    """Per mesh hop (`<service> <Method>`), the legs of every call through it, in milliseconds.
+
+    A hop is an Envoy listener's server span L, its upstream span U (Envoy's call to the replica), the callee's own
+    server span R under U, and C, the caller's span that L is a child of. The legs: L.start - C.start (the caller
+    sends, Envoy reads), R.start - U.start (Envoy sends, the callee's server reaches its handler), R itself,
+    U.end - R.end (the callee's answer reaches Envoy), C.end - L.end (Envoy's answer reaches the caller's code).
+    The ingress has no caller span (the client's), so its calls lack the first and last legs.
+    """
+    out: dict[str, list[dict[str, float]]] = {}
+    for trace in traces:
+        parents: dict[int, Node] = {id(c): n for n in trace.nodes for c in n.children}
+        for upstream in trace.nodes:
+            if not (upstream.stage.startswith("envoy.") and upstream.stage.endswith(".upstream")):
+                continue
+            callee = next((c for c in upstream.children if c.stage.endswith(".rpc")), None)
+            listener = parents.get(id(upstream))
+            if callee is None or listener is None:
+                continue
+            u, r, ls = upstream.span, callee.span, listener.span
+            call = {
+                "Envoy to callee": (r.start_ns - u.start_ns) / 1e6,
+                "callee": r.duration_ns / 1e6,
+                "callee to Envoy": (u.end_ns - r.end_ns) / 1e6,
+            }
+            caller = parents.get(id(listener))
+            if caller is not None:
+                call["caller to Envoy"] = (ls.start_ns - caller.span.start_ns) / 1e6
+                call["Envoy to caller"] = (caller.span.end_ns - ls.end_ns) / 1e6
+            hop = f"{callee.stage.removesuffix('.rpc')} {r.name.rsplit('/', 1)[-1]}"
+            out.setdefault(hop, []).append(call)
+    return out
+
+
+def hop_rows(legs: dict[str, list[dict[str, float]]]) -> list[list[Any]]:
+    """Table rows: hop, calls, the p50 of each leg (None where no call has it), and the p50 of each call's time
+    outside the callee (its legs but `callee`, summed)."""
+    rows = []
+    for hop, calls in legs.items():
+        medians = []
+        for leg in LEGS:
+            values = [c[leg] for c in calls if leg in c]
+            medians.append(statistics.median(values) if values else None)
+        outside = statistics.median(sum(v for k, v in c.items() if k != "callee") for c in calls)
+        rows.append([hop, len(calls), *medians, outside])
+    return rows
+
+
+def stage_rows(traces: Sequence[Trace], least_share: float = 0.02) -> list[list[Any]]:
+    """Table rows: end to end, then every stage with at least `least_share` of it (self time p50, share)."""
+    from services.traces.analysis import breakdown
+
+    if not traces:
+        return []
+    result = breakdown(traces, slowest=0)
+    rows: list[list[Any]] = [["end to end", len(traces), result.e2e_p50_ns / 1e6, "100%"]]
+    for s in sorted(result.stages, key=lambda s: -s.share):
+        if s.share >= least_share:
+            rows.append([s.stage, s.traces, s.self_p50_ns / 1e6, f"{s.share:.0%}"])
+    return rows
+
+
+def measure(name: str, url: str, model: str, c: int, measurement_ms: int, data: InputFiles | None) -> PerfResult | None:
+    """One perf_analyzer run (one retry with a doubled window, on fresh transactions, if it cannot stabilise)."""
+    print(f"  {name:<6} c={c:<2} ...", end="", flush=True)
+    for window in (measurement_ms, 2 * measurement_ms):
+        extra = ["--input-data", str(data.next())] if data is not None else []
+        try:
+            r = run_perf_analyzer(model, url, c, measurement_ms=window, extra=extra, retries=0)
+        except PerfAnalyzerError as exc:
+            if "Failed to obtain stable measurement" in str(exc) and window == measurement_ms:
+                continue
+            print(f" FAILED\n{exc}", flush=True)
+            return None
+        print(f" {r.throughput:8,.1f} req/s  p50 {r.p50_ms:7.2f} ms  p99 {r.p99_ms:7.2f} ms", flush=True)
+        return r
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog=COMMAND, description=__doc__)
+    parser.add_argument("--measurement-ms", type=int, default=3000, help="perf_analyzer window (ms)")
+    parser.add_argument("--rounds", type=int, default=1, help="alternated rounds (each figure: the median p50 run)")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=list(CONCURRENCY))
+    parser.add_argument("--transactions", type=int, default=TRANSACTIONS, help="distinct transactions per run")
+    parser.add_argument("--up-arg", action="append", default=[], help="an extra `meshserve up` argument (repeatable)")
+    parser.add_argument("--env", action="append", default=[], help="KEY=VALUE for the stack's processes (repeatable)")
+    parser.add_argument("--log-dir", type=Path, help="keep the stack's logs and traces here (default: a temp dir)")
+    parser.add_argument("--no-record", action="store_true", help="do not write bench/results/latest.json")
+    args = parser.parse_args(argv)
+    command = " ".join([COMMAND, *(argv if argv is not None else sys.argv[1:])])
+    env = dict(item.split("=", 1) for item in args.env)
+    started = time.monotonic()
+    ensure_perf_analyzer()
+    stack_runs: dict[int, list[PerfResult]] = {c: [] for c in args.concurrency}
+    floor_runs: dict[int, list[PerfResult]] = {c: [] for c in args.concurrency}
+    traced: list[Trace] = []
+    with tempfile.TemporaryDirectory(prefix="meshserve-bench-stack-") as tmp:
+        log_dir = args.log_dir.resolve() if args.log_dir else Path(tmp) / "logs"
+        data = InputFiles(Path(tmp), args.transactions, int(time.time()) - 7200)
+        port = free_port()
+        print(f"[floor] python -m bench.floor_server --port {port}; [stack] meshserve up (logs {log_dir})", flush=True)
+        try:
+            with (
+                running(FLOOR, floor_argv(port), port, health=False) as floor,
+                local_stack(log_dir, args.up_arg, env) as stack,
+            ):
+                print(f"  stack ingress {stack.ingress}, floor {floor.url}", flush=True)
+                for r in range(args.rounds):
+                    if args.rounds > 1:
+                        print(f" round {r + 1}/{args.rounds}", flush=True)
+                    for c in args.concurrency:
+                        f = measure(FLOOR, floor.url, FLOOR_MODEL, c, args.measurement_ms, None)
+                        since = time.time_ns()
+                        s = measure(STACK, stack.ingress, PIPELINE, c, args.measurement_ms, data)
+                        if c == 1:
+                            traced += request_traces(log_dir / "traces.sqlite", since)
+                        if f is not None:
+                            floor_runs[c].append(f)
+                        if s is not None:
+                            stack_runs[c].append(s)
+        except ServerStartError as exc:
+            print(f"could not start: {exc}", file=sys.stderr)
+            return 1
+    stack_r = {c: median_result(v) for c, v in stack_runs.items() if v}
+    floor_r = {c: median_result(v) for c, v in floor_runs.items() if v}
+    return report(stack_r, floor_r, traced, command, args.no_record, started)
+
+
+def report(
+    stack: dict[int, PerfResult],
+    floor: dict[int, PerfResult],
+    traced: Sequence[Trace],
+    command: str,
+    no_record: bool,
+    started: float,
+) -> int:
+    results.print_table(
+        ["conc", "stack req/s", "p50 ms", "p99 ms", "floor req/s", "p50 ms", "p99 ms", "req/s ratio", "p50 ratio"],
+        table_rows(stack, floor),
+        title="fraud through the whole stack (perf_analyzer, distinct transactions) vs the bare server, same run",
+    )
+    if traced:
+        results.print_table(
+            ["stage", "traces", "self p50 ms", "share"],
+            stage_rows(traced),
+            title=f"where a lone request's time goes: self time per stage ({len(traced)} sampled traces at c=1)",
+        )
+        results.print_table(
+            ["hop", "calls", *(f"{leg} ms" for leg in LEGS), "outside callee ms"],
+            hop_rows(hop_legs(traced)),
+            title="each mesh hop of those traces, leg by leg (p50)",
+        )
+    checks = targets(stack, floor)
+    results.print_table(
+        ["target", "measured", "target", "result"],
+        [[t.label, "-" if t.value is None else f"{t.value:.3f}", t.bound, t.verdict] for t in checks],
+        title="issue 14's targets",
+    )
+    if not no_record:
+        path = results.record(figures(stack, floor, command))
+        print(f"\nrecorded in {path.relative_to(ROOT)}")
+    print(f"took {time.monotonic() - started:.0f} s")
+    return 0 if stack and set(stack) == set(floor) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
