@@ -45,6 +45,11 @@ CONTENTS_FIELDS: dict[str, str] = {
 }
 _BY_NUMPY = {dt: name for name, dt in NUMPY_DTYPES.items() if name != "BYTES"}
 _LEN = struct.Struct("<I")
+# The most dimensions, and elements (zero dimensions counted as one), a tensor's shape may declare: far beyond
+# any tensor a message can carry, and below numpy's limits, which it reports as ValueError even for an empty
+# array whose other dimensions multiply past 2**63.
+MAX_DIMS = 32
+MAX_ELEMENTS = 2**48
 
 
 def datatype_of(array: np.ndarray) -> str:
@@ -65,27 +70,38 @@ def element_count(shape: Sequence[int]) -> int:
 
 
 def check_shape(name: str, shape: Sequence[int]) -> tuple[int, ...]:
+    """The shape as a tuple; INVALID_ARGUMENT for a negative dimension or one no tensor could have."""
+    if len(shape) > MAX_DIMS:
+        raise InvalidArgument(f"input '{name}': shape has {len(shape)} dimensions, at most {MAX_DIMS}")
     if any(d < 0 for d in shape):
         raise InvalidArgument(f"input '{name}': shape {list(shape)} has a negative dimension")
+    if element_count([max(int(d), 1) for d in shape]) > MAX_ELEMENTS:
+        raise InvalidArgument(f"input '{name}': shape {list(shape)} is too large (over {MAX_ELEMENTS} elements)")
     return tuple(int(d) for d in shape)
 
 
 def deserialize_bytes(name: str, raw: bytes, count: int) -> np.ndarray:
-    """Parse v2 raw BYTES: each element is a 4-byte little-endian length then that many bytes."""
-    out = np.empty(count, dtype=np.object_)
+    """Parse v2 raw BYTES: each element is a 4-byte little-endian length then that many bytes.
+
+    The array is allocated after parsing, so a shape that claims billions of elements (cheap to send) costs no
+    more than the bytes that came with it."""
+    items: list[bytes] = []
     view = memoryview(raw)
     offset = 0
-    for i in range(count):
+    for i in range(count):  # ends within len(raw) / 4 rounds at most: each element takes 4 bytes of length
         if offset + 4 > len(view):
             raise InvalidArgument(f"input '{name}': raw BYTES end after {i} of {count} elements")
         (length,) = _LEN.unpack_from(view, offset)
         offset += 4
         if offset + length > len(view):
             raise InvalidArgument(f"input '{name}': raw BYTES element {i} claims {length} bytes past the end")
-        out[i] = bytes(view[offset : offset + length])
+        items.append(bytes(view[offset : offset + length]))
         offset += length
     if offset != len(view):
         raise InvalidArgument(f"input '{name}': {len(view) - offset} bytes left over after {count} BYTES elements")
+    out = np.empty(count, dtype=np.object_)
+    for i, item in enumerate(items):
+        out[i] = item
     return out
 
 
