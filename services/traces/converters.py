@@ -10,6 +10,16 @@ from opentelemetry.proto.trace.v1 import trace_pb2
 
 from services.traces.records import SpanLink, SpanRecord
 
+# OTLP times are fixed64 nanoseconds, the store's columns SQLite's signed 64-bit integers: a time past this one
+# (the year 2262) is kept as this one, so that one span from a broken or hostile exporter cannot fail the insert
+# of every span written with it.
+MAX_TIME_NS = 2**63 - 1
+
+
+def time_ns(value: int) -> int:
+    """An OTLP time as the store keeps it (at most MAX_TIME_NS)."""
+    return min(int(value), MAX_TIME_NS)
+
 
 def any_value(value: common_pb2.AnyValue) -> Any:
     """The Python value of an OTLP AnyValue (arrays and maps recursively, bytes as hex)."""
@@ -64,8 +74,8 @@ def records_from_request(request: trace_service_pb2.ExportTraceServiceRequest) -
                         service=service,
                         name=span.name,
                         kind=int(span.kind),
-                        start_ns=int(span.start_time_unix_nano),
-                        end_ns=int(span.end_time_unix_nano),
+                        start_ns=time_ns(span.start_time_unix_nano),
+                        end_ns=time_ns(span.end_time_unix_nano),
                         status=int(span.status.code),
                         attributes={kv.key: any_value(kv.value) for kv in span.attributes},
                         links=links(span),

@@ -74,6 +74,14 @@ class SpanWriter:
             self._queue.put(_STOP)
             self._thread.join(timeout)
 
+    def _convert(self, request: trace_service_pb2.ExportTraceServiceRequest, count: int) -> list[SpanRecord]:
+        """The request's records; none when it does not convert (this thread, and the request's batch, go on)."""
+        try:
+            return records_from_request(request)
+        except Exception:
+            log.exception("an Export request of %d spans did not convert; dropped", count)
+            return []
+
     def _run(self) -> None:
         try:
             store = TraceStore(self.path, self.max_spans, self.max_age_s)
@@ -95,12 +103,11 @@ class SpanWriter:
                         break
                     items.append(more)
                     spans += more[1] if isinstance(more, tuple) else 0
+                stopping = any(it is _STOP for it in items)
                 records: list[SpanRecord] = []
                 for it in items:
-                    if it is _STOP:
-                        stopping = True
-                    elif isinstance(it, tuple):
-                        records.extend(records_from_request(it[0]))
+                    if isinstance(it, tuple):
+                        records.extend(self._convert(it[0], it[1]))
                 try:
                     self.written += store.insert(records)
                 except Exception:
