@@ -54,7 +54,11 @@ class TensorSpec(_Strict):
     name: str = Field(min_length=1)
     datatype: Datatype
     dims: list[int] = Field(min_length=0, description="Shape without the batch dimension; -1 = any size.")
-    allow_nan: bool = Field(False, description="Accept NaN/Inf in this (float) input; refused by default.")
+    allow_nan: bool = Field(
+        False,
+        description="Accept NaN/Inf, and values whose square overflows (FP32/BF16 past 1.8e19, FP64 past 1.3e154), "
+        "in this (float) input; refused by default.",
+    )
 
     @model_validator(mode="after")
     def _check_dims(self) -> TensorSpec:

@@ -1,4 +1,5 @@
-"""Checks a request's decoded inputs against the model config: names, dtypes, shapes, batch size, NaN/Inf."""
+"""Checks a request's decoded inputs against the model config: names, dtypes, shapes, batch size, and float values
+the model can compute with."""
 
 from __future__ import annotations
 
@@ -8,6 +9,16 @@ from services.common.errors import InvalidArgument, quoted_names
 from services.common.tensor_codec import datatype_of
 from services.model.config import FLOAT_DATATYPES
 from services.model.version import ModelVersion
+
+# The largest magnitude a float input may hold unless it allows non-finite values: past the square root of its
+# type's largest value, a value's square overflows, and so do the activations of an ordinary network (an INT8
+# version's dynamic quantization then raises on the non-finite range, an FP32 one answers NaN). FP16's root, 256,
+# is below ordinary inputs (pixel values, say): there only NaN/Inf are refused.
+LARGEST_INPUT = {
+    "FP32": float(np.sqrt(np.finfo(np.float32).max)),
+    "BF16": float(np.sqrt(np.finfo(np.float32).max)),
+    "FP64": float(np.sqrt(np.finfo(np.float64).max)),
+}
 
 
 def validate_inputs(mv: ModelVersion, inputs: dict[str, np.ndarray]) -> int:
@@ -53,12 +64,26 @@ def validate_inputs(mv: ModelVersion, inputs: dict[str, np.ndarray]) -> int:
             want = ["batch", *spec.dims] if batched else spec.dims
             raise InvalidArgument(f"{where}: input '{spec.name}' has shape {list(shape)}, expected {want}")
         if spec.datatype in FLOAT_DATATYPES and not spec.allow_nan:
-            finite = np.isfinite(array.astype(np.float32) if spec.datatype == "BF16" else array)
-            if not finite.all():
-                bad = int(array.size - np.count_nonzero(finite))
-                raise InvalidArgument(
-                    f"{where}: input '{spec.name}' holds {bad} NaN/Inf value(s); this model does not accept them"
-                )
+            _check_values(where, spec.name, spec.datatype, array)
     if batched and rows > mv.max_rows:
         raise InvalidArgument(f"{where}: batch of {rows} rows is over max_batch_size {mv.max_rows}; split it")
     return rows
+
+
+def _check_values(where: str, name: str, datatype: str, array: np.ndarray) -> None:
+    """InvalidArgument for NaN/Inf, or for a value past LARGEST_INPUT, in a float input."""
+    values = array.astype(np.float32) if datatype == "BF16" else array
+    largest = LARGEST_INPUT.get(datatype, float(np.finfo(values.dtype).max))
+    with np.errstate(invalid="ignore"):
+        fits = np.abs(values) <= largest  # False for NaN too: one pass on the way every valid request takes
+    if fits.all():
+        return
+    finite = np.isfinite(values)
+    if not finite.all():
+        bad = int(array.size - np.count_nonzero(finite))
+        raise InvalidArgument(f"{where}: input '{name}' holds {bad} NaN/Inf value(s); this model does not accept them")
+    big = int(array.size - np.count_nonzero(fits))
+    raise InvalidArgument(
+        f"{where}: input '{name}' holds {big} value(s) beyond +-{largest:.3g}, too large for the model's "
+        f"{datatype} arithmetic; this model does not accept them"
+    )
