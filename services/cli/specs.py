@@ -34,6 +34,22 @@ class ProcessSpec(BaseModel):
         return f"{self.host}:{self.port}" if self.port is not None else None
 
 
+# grpc's EventEngine endpoints (its default) pass every message read from a socket through three threads (the
+# EventEngine poller, one of its workers, then grpc.aio's completion-queue poller) before it reaches the event loop;
+# grpc's iomgr endpoints, which these experiments switch back to, read it on the completion-queue poller itself. Each
+# of a lone request's hops wakes those threads cold, so through the whole stack this took 12% off the c=1 p50 in
+# three side-by-side runs (bench/README, issue 14). A GRPC_EXPERIMENTS the caller sets is left as it is.
+GRPC_EXPERIMENTS = "-event_engine_client,-event_engine_listener,-event_engine_for_all_other_endpoints"
+
+
+def process_env() -> dict[str, str]:
+    """What every Python process of the stack gets besides its settings: unbuffered output, grpc's endpoints."""
+    env = {"PYTHONUNBUFFERED": "1"}
+    if "GRPC_EXPERIMENTS" not in os.environ:
+        env["GRPC_EXPERIMENTS"] = GRPC_EXPERIMENTS
+    return env
+
+
 SETTINGS: dict[str, type[ServiceSettings]] = {
     "model": ModelSettings,
     "feature": FeatureSettings,
@@ -62,7 +78,7 @@ def service_spec(
     return ProcessSpec(
         name=name,
         argv=[sys.executable, "-m", f"services.{service}"],
-        env={**own, "PYTHONUNBUFFERED": "1", **env},
+        env={**own, **process_env(), **env},
         host=layout.host,
         port=port,
         metrics_port=metrics_port,
@@ -174,7 +190,7 @@ def traces_spec(layout: StackLayout) -> ProcessSpec:
     return ProcessSpec(
         name="traces",
         argv=[sys.executable, "-m", "services.traces"],
-        env={**env, "PYTHONUNBUFFERED": "1"},
+        env={**env, **process_env()},
         host=t.host,
         port=t.traces_port,
         role="OTLP receiver + trace store (meshserve traces)",
