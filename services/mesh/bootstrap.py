@@ -8,7 +8,7 @@ from typing import Any
 
 from services.mesh.clusters import render_clusters
 from services.mesh.hosts import cluster_name
-from services.mesh.listeners import INGRESS, listener, route_name, tracing
+from services.mesh.listeners import INGRESS, listener, route_name, tracer_runtime, tracing
 from services.mesh.loader import IstioConfig
 from services.mesh.routes import Weights, gateway_virtual_services, mesh_virtual_services, route_configuration
 from services.mesh.topology import MeshTopology, split_address
@@ -42,16 +42,20 @@ def render_routes(
 def render(istio: IstioConfig, topology: MeshTopology, routes_dir: Path, weights: Weights | None = None) -> Rendered:
     """The whole Envoy configuration: admin, clusters, listeners reading their routes from `routes_dir`."""
     listeners = []
+    traced = False
+    names = [(service, st.listen, f"{service}-sidecar") for service, st in topology.services.items()]
     if topology.ingress is not None:
-        listeners.append(
-            listener(INGRESS, topology.ingress, routes_dir, tracing(istio, topology.otlp, "meshserve-ingress"))
-        )
-    for service, st in topology.services.items():
-        listeners.append(listener(service, st.listen, routes_dir, tracing(istio, topology.otlp, f"{service}-sidecar")))
+        names.insert(0, (INGRESS, topology.ingress, "meshserve-ingress"))
+    for name, address, service_name in names:
+        trace = tracing(istio, topology.otlp, service_name)
+        traced = traced or trace is not None
+        listeners.append(listener(name, address, routes_dir, trace))
     admin_host, admin_port = split_address(topology.admin)
     bootstrap: dict[str, Any] = {
         "node": {"id": topology.node_id, "cluster": "meshserve"},
         "admin": {"address": {"socket_address": {"address": admin_host, "port_value": admin_port}}},
         "static_resources": {"listeners": listeners, "clusters": render_clusters(istio, topology)},
     }
+    if traced:
+        bootstrap["layered_runtime"] = {"layers": [{"name": "tracer", "static_layer": tracer_runtime()}]}
     return Rendered(bootstrap, render_routes(istio, topology, weights))

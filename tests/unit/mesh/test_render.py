@@ -277,3 +277,13 @@ def test_tracing_with_a_collector() -> None:
     assert ratio == {"numerator": 100_000, "denominator": "MILLION"}  # randomSamplingPercentage: 10
     otlp = next(c for c in boot["static_resources"]["clusters"] if c["name"] == "opentelemetry_collector")
     assert "http2_protocol_options" in str(otlp["typed_extension_protocol_options"])
+
+
+def test_envoys_tracer_flushes_on_a_timer_only_when_it_traces() -> None:
+    traced = rendered([ISTIO], otlp="127.0.0.1:4317").bootstrap
+    (layer,) = traced["layered_runtime"]["layers"]
+    assert layer["static_layer"] == {
+        "tracing.opentelemetry.flush_interval_ms": 500,
+        "tracing.opentelemetry.min_flush_spans": 10_000,
+    }
+    assert "layered_runtime" not in rendered([ISTIO]).bootstrap  # no collector, no tracer
