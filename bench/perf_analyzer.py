@@ -208,7 +208,11 @@ def perf_analyzer_command(
     extra: Sequence[str] = (),
     csv_file: str = "perf.csv",
 ) -> list[str]:
-    """The perf_analyzer command line (without the binary's directory when shown to people)."""
+    """The perf_analyzer command line (without the binary's directory when shown to people).
+
+    Without an `--input-data` in `extra`, the inputs are zeros: perf_analyzer's default random data fills FP32
+    tensors with random bit patterns (NaN, Inf and values past 1e19 among them), which the model service refuses
+    as input no model can compute on."""
     cmd = [
         perf_analyzer_path(),
         "-m",
@@ -231,6 +235,8 @@ def perf_analyzer_command(
     if shape:
         cmd += ["--shape", shape]
     cmd += list(extra)
+    if "--input-data" not in extra:
+        cmd += ["--input-data", "zero"]
     cmd += ["--verbose-csv", "-f", csv_file]
     return cmd
 

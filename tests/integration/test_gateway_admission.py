@@ -58,6 +58,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Serv
                 pipelines,
                 MESHSERVE_GATEWAY_VERSIONS_REFRESH_S="0.2",
                 MESHSERVE_GATEWAY_VERSIONS_TTL_S="0.6",
+                MESHSERVE_GATEWAY_PUBLIC_MODELS='["mlp"]',  # read by name through the gateway below
             )
         )
         yield repo, gateway, model
