@@ -67,9 +67,9 @@ class InputFiles:
         self.made = 0
 
     def next(self) -> Path:
-        path = write_input_data(self.folder / f"transactions-{self.made}.json", self.made * self.n, self.n, self.t0)
+        index = self.made
         self.made += 1
-        return path
+        return write_input_data(self.folder / f"transactions-{index}.json", index * self.n, self.n, self.t0)
 
 
 @dataclass
