@@ -37,8 +37,8 @@ class ProcessSpec(BaseModel):
 # grpc's EventEngine endpoints (its default) pass every message read from a socket through three threads (the
 # EventEngine poller, one of its workers, then grpc.aio's completion-queue poller) before it reaches the event loop;
 # grpc's iomgr endpoints, which these experiments switch back to, read it on the completion-queue poller itself. Each
-# of a lone request's hops wakes those threads cold, so through the whole stack this took 12% off the c=1 p50 in
-# three side-by-side runs (bench/README, issue 14). A GRPC_EXPERIMENTS the caller sets is left as it is.
+# of a lone request's hops wakes those threads cold, so through the whole stack this took 6-12% off the c=1 p50 in
+# four side-by-side runs (bench/README, issue 14). A GRPC_EXPERIMENTS the caller sets is left as it is.
 GRPC_EXPERIMENTS = "-event_engine_client,-event_engine_listener,-event_engine_for_all_other_endpoints"
 
 
