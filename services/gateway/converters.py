@@ -57,6 +57,8 @@ def infer_response_to_pb(response: PipelineResponse) -> pb.ModelInferResponse:
     if response.degraded:
         params["degraded"].string_param = response.degraded
         params["degraded_detail"].string_param = response.degraded_detail or ""
+    if response.default_decision:
+        params["default_decision"].string_param = response.default_decision
     for stage, ms in response.stages_ms.items():
         params[f"stage_{stage}_ms"].double_param = round(ms, 4)
     for stage, requests in response.batches.items():

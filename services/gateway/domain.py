@@ -42,6 +42,7 @@ class Answer:
     degraded_detail: str | None = None
     stages_ms: dict[str, float] = field(default_factory=dict)
     batches: dict[str, int] = field(default_factory=dict)  # stage -> requests its downstream call served
+    default_decision: str | None = None  # set on a default answer: what the pipeline says it means
 
 
 @dataclass
@@ -58,3 +59,4 @@ class PipelineResponse:
     # Only with debug: each stage's ms, plus `total` (inside the gateway) and `gateway` (its own time).
     stages_ms: dict[str, float] = field(default_factory=dict)
     batches: dict[str, int] = field(default_factory=dict)  # only with debug: requests per stage's call
+    default_decision: str | None = None  # a default answer: what the pipeline says it means

@@ -214,6 +214,7 @@ class GatewayHandler:
             cache=answer.cache,
             degraded=answer.degraded,
             degraded_detail=answer.degraded_detail,
+            default_decision=answer.default_decision,
             stages_ms=stages,
             batches=batches,
         )

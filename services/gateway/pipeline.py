@@ -101,7 +101,13 @@ class Degradation(_Strict):
     on_feature_failure: list[FeatureRemedy] = Field(default_factory=_feature_remedies)
     fallback_model: FallbackModel | None = None
     default_outputs: dict[str, float] | None = Field(
-        None, description="Constant output values (every element of that output), e.g. {score: 0.0}."
+        None, description="Constant output values (every element of that output), e.g. {score: 0.5}."
+    )
+    default_decision: Literal["approve", "review", "decline"] | None = Field(
+        None,
+        description="What a default answer means for the caller's decision (required when `default` is listed); "
+        "every default answer carries it as the response parameter `default_decision`, so a client acts on the "
+        "pipeline's explicit choice instead of reading a score it did not compute.",
     )
 
 
@@ -178,6 +184,11 @@ class PipelineSpec(_Strict):
         remedies = [*self.degradation.on_model_failure, *self.degradation.on_feature_failure]
         if "default" in remedies and self.degradation.default_outputs is None:
             raise ValueError("degradation lists default but gives no default_outputs")
+        if "default" in remedies and self.degradation.default_decision is None:
+            raise ValueError(
+                "degradation lists default but gives no default_decision: say what a default answer means "
+                "(approve, review or decline)"
+            )
         unknown = set(self.degradation.default_outputs or {}) - set(self.outputs)
         if unknown:
             raise ValueError(f"default_outputs names {sorted(unknown)}, which are not outputs")

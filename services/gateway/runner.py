@@ -314,7 +314,10 @@ class PipelineRunner:
         policy = self.spec.degradation
 
         async def default() -> Answer | None:
-            return default_answer(failure, policy.default_outputs, self.spec.outputs, self.model_outputs, rows)
+            answer = default_answer(failure, policy.default_outputs, self.spec.outputs, self.model_outputs, rows)
+            if answer is not None:
+                answer.default_decision = policy.default_decision
+            return answer
 
         return default
 

@@ -52,6 +52,7 @@ def pipeline_document(**overrides: Any) -> dict[str, Any]:
             "on_feature_failure": ["stale_cache", "default"],
             "fallback_model": {"name": "m", "version": "2"},
             "default_outputs": {"score": 0.5},
+            "default_decision": "review",
         },
     }
     for key, value in overrides.items():

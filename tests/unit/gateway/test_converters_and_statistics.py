@@ -72,7 +72,9 @@ def test_a_response_carries_its_parameters() -> None:
     degraded = PipelineResponse(
         "p", "", [], "default", "miss", "model_unavailable:default", "down", {"model": 1.23456, "total": 2.0}
     )
+    degraded.default_decision = "review"
     params = converters.infer_response_to_pb(degraded).parameters
+    assert params["default_decision"].string_param == "review"
     assert params["degraded"].string_param == "model_unavailable:default"
     assert params["degraded_detail"].string_param == "down"
     assert params["stage_model_ms"].double_param == 1.2346 and params["stage_total_ms"].double_param == 2.0

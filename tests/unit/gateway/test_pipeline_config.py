@@ -48,6 +48,10 @@ def test_a_minimal_pipeline_loads(tmp_path: Path) -> None:
         (GOOD.replace("outputs: [y]", "outputs: []"), ":5: outputs:"),
         (GOOD.replace("[stale_cache]", "[fallback_model]"), "names none"),
         (GOOD.replace("[stale_cache]", "[default]"), "no default_outputs"),
+        (
+            GOOD.replace("on_feature_failure: []}", "on_feature_failure: [default], default_outputs: {y: 1}}"),
+            "no default_decision: say what a default answer means",
+        ),
         (GOOD + "cache: {key_inputs: [z]}\n", "cache key input 'z'"),
     ],
 )

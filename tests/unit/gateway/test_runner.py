@@ -283,6 +283,7 @@ async def test_feature_failure_answers_stale_then_default() -> None:
     answer = await rig.run()
     assert rig.log == [LOOKUP, FEATURES]
     assert (answer.model_version, answer.degraded) == ("default", "features_unavailable:default")
+    assert answer.default_decision == "review"  # the pipeline's explicit meaning of a default answer
 
 
 async def test_feature_remedies_follow_the_yaml_order() -> None:
