@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 from opentelemetry import trace
 
+from services.common.budgets import LatencyBudget
 from services.common.errors import InvalidArgument, NotFound, Unavailable, quoted
 from services.common.server import Lifecycle
 from services.common.tracing import child_span
@@ -60,6 +61,9 @@ class FeatureHandler:
         self.sets = load_feature_sets(settings.features_dir)
         self.store = OnlineStore(redis_url, settings.key_prefix, settings.redis_max_connections)
         self._nonfinite_log = Throttle(NONFINITE_LOG_EVERY_S)
+        # The lookup budget guards against a sick Redis, not a busy machine: it stretches with the store's recent
+        # healthy read latency (at most 4x; services.common.budgets).
+        self._lookups = LatencyBudget(settings.lookup_budget_ms / 1e3)
 
     def live(self) -> bool:
         """The process serves and should not be restarted (until SIGTERM)."""
@@ -82,9 +86,9 @@ class FeatureHandler:
             raise InvalidArgument(f"{n} {what}s in one request; at most {self.settings.max_batch}")
 
     def _budget_s(self, budget_ms: float, rows: int) -> float:
-        """The caller's budget, else the default plus the per-row allowance."""
+        """The caller's budget, else the default plus the per-row allowance; stretched by recent read latency."""
         s = self.settings
-        return (budget_ms or s.lookup_budget_ms + s.lookup_budget_per_row_ms * rows) / 1e3
+        return self._lookups.stretched((budget_ms or s.lookup_budget_ms + s.lookup_budget_per_row_ms * rows) / 1e3)
 
     async def compute(self, set_id: str, rows: Sequence[Row], budget_ms: float = 0.0) -> Features:
         """The FP32 feature matrix of a batch of rows, aggregates as of each row's event time."""
@@ -129,12 +133,31 @@ class FeatureHandler:
             if self.settings.fault_delay_ms > 0:  # fault injection (drills, tracing tests)
                 await asyncio.sleep(self.settings.fault_delay_ms / 1e3)
             try:
-                online = await self.store.read(fs.plan, columns, fs.spec.timestamp_field, budget_s)
+                online = await self._timed_read(fs, columns, budget_s)
             except FAILURES as exc:
                 metrics.REDIS_ERRORS.labels("read", type(exc).__name__).inc()
                 log.debug("online store read failed, degrading %d rows: %r", rows, exc)
                 online = None
         return online, self.store.round_trips - before
+
+    async def _timed_read(self, fs: FeatureSet, columns: Mapping[str, np.ndarray], budget_s: float) -> AggregateResult:
+        """The store's read within `budget_s` (TimeoutError past it). A read past its budget is not cancelled: it
+        goes on up to the budget's ceiling, so its latency still teaches the budget what this machine takes now
+        (were only reads inside the budget samples, a machine that suddenly got busier would never stretch it)."""
+        start = time.perf_counter()
+        ceiling_s = budget_s * self._lookups.stretch_max
+        read = asyncio.ensure_future(self.store.read(fs.plan, columns, fs.spec.timestamp_field, ceiling_s))
+
+        def learn(task: asyncio.Future[AggregateResult]) -> None:
+            if not task.cancelled() and task.exception() is None:
+                self._lookups.observe(time.perf_counter() - start)
+
+        read.add_done_callback(learn)
+        try:
+            return await asyncio.wait_for(asyncio.shield(read), budget_s)
+        except asyncio.CancelledError:
+            read.cancel()  # the caller went away: nobody waits for this read
+            raise
 
     def _report_nonfinite(self, fs: FeatureSet, columns: Mapping[str, np.ndarray], nonfinite: np.ndarray) -> None:
         """Count the store's non-finite aggregates by feature; log the first (feature, entity) once per interval."""

@@ -12,6 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from services.common.budgets import LatencyBudget
 from services.common.yaml_docs import DocumentError, load_document, located_error
 
 Datatype = Literal["BOOL", "INT32", "INT64", "FP32", "FP64", "BYTES"]
@@ -70,12 +71,22 @@ class CachePolicy(_Strict):
 
 
 class Timeouts(_Strict):
-    """Per-stage limits in ms; each hop gets the smaller of its limit and what is left of the deadline."""
+    """Per-stage limits in ms; each hop gets the smaller of its limit and what is left of the deadline.
+
+    With `adaptive`, a stage's limit is the configured one stretched to 3x the p99 of that stage's recent
+    successful calls, at most `stretch_max` times the configured value (services.common.budgets): a busy machine
+    moves the limit with its latency, a dependency that stops answering still trips it."""
 
     total_ms: float = Field(1000.0, gt=0)
     cache_ms: float = Field(20.0, gt=0)
     features_ms: float = Field(100.0, gt=0)
     model_ms: float = Field(500.0, gt=0)
+    adaptive: bool = Field(True, description="Stretch each stage limit with its recent healthy latency.")
+    stretch_max: float = Field(4.0, ge=1.0, description="The most a stage limit stretches (x the configured ms).")
+
+    def budget(self, stage_ms: float) -> LatencyBudget:
+        """The limit of one stage: fixed (stretch 1) unless adaptive."""
+        return LatencyBudget(stage_ms / 1e3, stretch_max=self.stretch_max if self.adaptive else 1.0)
 
 
 class FallbackModel(_Strict):

