@@ -6,10 +6,11 @@ import asyncio
 import logging
 
 from services.cache.handler import CacheHandler
-from services.cache.servicer import SERVICE_NAME, CacheServicer
+from services.cache.servicer import OPERATOR_RPCS, SERVICE_NAME, CacheServicer
 from services.cache.settings import CacheSettings
 from services.common.embedded import redis_url_or_embedded
 from services.common.logs import setup_logging
+from services.common.operator import OperatorCheck
 from services.common.server import GrpcService
 from services.protos import cache_pb2_grpc
 
@@ -18,10 +19,15 @@ log = logging.getLogger("services.cache")
 
 def wire(settings: CacheSettings, redis_url: str | None) -> tuple[GrpcService, CacheHandler]:
     """The server with the CacheServicer registered, and the handler behind it (its liveness and readiness are
-    the server's lifecycle; its Watch streams end as soon as draining starts, so watchers go elsewhere)."""
+    the server's lifecycle; its Watch streams end as soon as draining starts, so watchers go elsewhere). Invalidate
+    needs the operator's token when the settings have one (said in the log either way)."""
     service = GrpcService("cache", settings, [SERVICE_NAME])
     handler = CacheHandler(settings, redis_url, service.lifecycle)
-    cache_pb2_grpc.add_CacheServiceServicer_to_server(CacheServicer(handler), service.server)
+    operator = OperatorCheck(
+        settings.admin_token.get_secret_value(), CacheSettings.env_name("admin_token"), OPERATOR_RPCS
+    )
+    operator.announce(log)
+    cache_pb2_grpc.add_CacheServiceServicer_to_server(CacheServicer(handler, operator), service.server)
     service.drain_hooks.append(handler.drain)
     return service, handler
 

@@ -1,4 +1,5 @@
-"""The CacheService gRPC servicer: protobuf in, one CacheHandler call, protobuf out (the Watch stream too)."""
+"""The CacheService gRPC servicer: protobuf in, one CacheHandler call, protobuf out (the Watch stream too;
+Invalidate after the operator check)."""
 
 from __future__ import annotations
 
@@ -8,18 +9,23 @@ import grpc
 
 from services.cache import converters
 from services.cache.handler import CacheHandler
+from services.common.operator import OPEN, OperatorCheck
 from services.protos import cache_pb2 as pb
 from services.protos import cache_pb2_grpc as pb_grpc
 
 SERVICE_NAME = "meshserve.cache.CacheService"
+OPERATOR_RPCS = ("Invalidate",)
+"""The RPCs that drop what every replica holds: only the operator may call them (`operator`)."""
 
 
 class CacheServicer(pb_grpc.CacheServiceServicer):
     """Each RPC converts its request, calls the handler once and converts the answer; errors are the handler's
-    domain errors, which the shared interceptor turns into gRPC status codes."""
+    domain errors, which the shared interceptor turns into gRPC status codes. `operator` guards OPERATOR_RPCS
+    (default: open to every caller)."""
 
-    def __init__(self, handler: CacheHandler) -> None:
+    def __init__(self, handler: CacheHandler, operator: OperatorCheck = OPEN) -> None:
         self.handler = handler
+        self.operator = operator
 
     async def Lookup(self, request: pb.LookupRequest, context: grpc.aio.ServicerContext) -> pb.LookupResponse:
         lookup = converters.lookup_from_pb(request)
@@ -32,6 +38,7 @@ class CacheServicer(pb_grpc.CacheServiceServicer):
     async def Invalidate(
         self, request: pb.InvalidateRequest, context: grpc.aio.ServicerContext
     ) -> pb.InvalidateResponse:
+        self.operator.require(context, "Invalidate")
         what = converters.invalidate_from_pb(request)
         removed = await self.handler.invalidate(what.pipeline, what.model_name, what.model_version)
         return converters.removed_to_pb(removed)

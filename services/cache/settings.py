@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import AliasChoices, Field
+from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import SettingsConfigDict
 
 from services.common.settings import ServiceSettings
@@ -38,3 +38,8 @@ class CacheSettings(ServiceSettings):
     circuit_failures: int = Field(5, ge=1, description="Consecutive Redis failures that open the circuit.")
     circuit_probe_interval_s: float = Field(1.0, gt=0, description="While open: how often Redis is probed (PING).")
     redis_max_connections: int = Field(64, ge=1, description="Redis connection pool size.")
+    admin_token: SecretStr = Field(
+        SecretStr(""),
+        description="Bearer token of the operator, the only caller that may drop cached answers (Invalidate needs "
+        "'authorization: Bearer <token>'); empty: any caller that reaches the port may (a WARNING at start says so).",
+    )

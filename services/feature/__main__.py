@@ -7,9 +7,10 @@ import logging
 
 from services.common.embedded import redis_url_or_embedded
 from services.common.logs import setup_logging
+from services.common.operator import OperatorCheck
 from services.common.server import GrpcService
 from services.feature.handler import FeatureHandler
-from services.feature.servicer import SERVICE_NAME, FeatureServicer
+from services.feature.servicer import OPERATOR_RPCS, SERVICE_NAME, FeatureServicer
 from services.feature.settings import FeatureSettings
 from services.protos import feature_pb2_grpc
 
@@ -17,10 +18,15 @@ log = logging.getLogger("services.feature")
 
 
 def build(settings: FeatureSettings, redis_url: str) -> tuple[GrpcService, FeatureHandler]:
-    """The server with the FeatureServicer on a handler that answers liveness and readiness from its lifecycle."""
+    """The server with the FeatureServicer on a handler that answers liveness and readiness from its lifecycle;
+    Ingest needs the operator's token when the settings have one (said in the log either way)."""
     service = GrpcService("feature", settings, [SERVICE_NAME])
     handler = FeatureHandler(settings, redis_url, service.lifecycle)
-    feature_pb2_grpc.add_FeatureServiceServicer_to_server(FeatureServicer(handler), service.server)
+    operator = OperatorCheck(
+        settings.admin_token.get_secret_value(), FeatureSettings.env_name("admin_token"), OPERATOR_RPCS
+    )
+    operator.announce(log)
+    feature_pb2_grpc.add_FeatureServiceServicer_to_server(FeatureServicer(handler, operator), service.server)
     return service, handler
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import AliasChoices, Field
+from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import SettingsConfigDict
 
 from services.common.settings import ServiceSettings
@@ -45,4 +45,9 @@ class FeatureSettings(ServiceSettings):
     redis_max_connections: int = Field(64, ge=1, description="Redis connection pool size.")
     fault_delay_ms: float = Field(
         0.0, ge=0, description="Fault injection for drills and tests: every online lookup takes this much longer."
+    )
+    admin_token: SecretStr = Field(
+        SecretStr(""),
+        description="Bearer token of the operator, the only caller that may write online aggregates (Ingest needs "
+        "'authorization: Bearer <token>'); empty: any caller that reaches the port may (a WARNING at start says so).",
     )

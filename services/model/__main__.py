@@ -7,12 +7,13 @@ import logging
 import sys
 
 from services.common.logs import setup_logging
+from services.common.operator import OperatorCheck
 from services.common.server import GrpcService
 from services.model.gpu_metrics import register_gpu_metrics
 from services.model.handler import ModelHandler
 from services.model.manager import ModelManager
 from services.model.repository import ModelRepository
-from services.model.servicer import SERVICE_NAME, ModelServicer
+from services.model.servicer import OPERATOR_RPCS, SERVICE_NAME, ModelServicer
 from services.model.settings import ModelSettings
 from services.model.watcher import watch_repository
 from services.protos import inference_pb2_grpc
@@ -38,7 +39,11 @@ class ModelService:
             inline_max_forward_us=settings.inline_max_forward_us,
         )
         self.handler = ModelHandler(self.manager, self.server.lifecycle)
-        inference_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(ModelServicer(self.handler), self.server.server)
+        self.operator = OperatorCheck(
+            settings.admin_token.get_secret_value(), ModelSettings.env_name("admin_token"), OPERATOR_RPCS
+        )
+        servicer = ModelServicer(self.handler, self.operator)
+        inference_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, self.server.server)
         self._stop_watch = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -47,6 +52,7 @@ class ModelService:
 
     async def _on_start(self) -> None:
         settings = self.settings
+        self.operator.announce(log)
         await self.manager.load_all(settings.models or None)
         if not settings.torch_threads:
             self._one_thread_if_all_inline()

@@ -1,4 +1,5 @@
-"""The v2 GRPCInferenceService of the model service: protobuf in, one ModelHandler call, protobuf out."""
+"""The v2 GRPCInferenceService of the model service: protobuf in, one ModelHandler call, protobuf out (loading and
+unloading, after the operator check)."""
 
 from __future__ import annotations
 
@@ -6,12 +7,15 @@ import time
 
 import grpc
 
+from services.common.operator import OPEN, OperatorCheck
 from services.model import converters
 from services.model.handler import ModelHandler
 from services.protos import inference_pb2 as pb
 from services.protos import inference_pb2_grpc as pb_grpc
 
 SERVICE_NAME = "inference.GRPCInferenceService"
+OPERATOR_RPCS = ("RepositoryModelLoad", "RepositoryModelUnload")
+"""The RPCs that change what the service serves: only the operator may call them (`operator`)."""
 
 
 def deadline_of(context: grpc.aio.ServicerContext) -> float | None:
@@ -21,10 +25,12 @@ def deadline_of(context: grpc.aio.ServicerContext) -> float | None:
 
 
 class ModelServicer(pb_grpc.GRPCInferenceServiceServicer):
-    """Every RPC of the Open Inference Protocol v2, as Triton serves it; errors map to status in the interceptor."""
+    """Every RPC of the Open Inference Protocol v2, as Triton serves it; errors map to status in the interceptor.
+    `operator` guards OPERATOR_RPCS (default: open to every caller)."""
 
-    def __init__(self, handler: ModelHandler) -> None:
+    def __init__(self, handler: ModelHandler, operator: OperatorCheck = OPEN) -> None:
         self.handler = handler
+        self.operator = operator
 
     async def ServerLive(
         self, request: pb.ServerLiveRequest, context: grpc.aio.ServicerContext
@@ -75,11 +81,13 @@ class ModelServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def RepositoryModelLoad(
         self, request: pb.RepositoryModelLoadRequest, context: grpc.aio.ServicerContext
     ) -> pb.RepositoryModelLoadResponse:
+        self.operator.require(context, "RepositoryModelLoad")
         await self.handler.load(request.model_name)
         return pb.RepositoryModelLoadResponse()
 
     async def RepositoryModelUnload(
         self, request: pb.RepositoryModelUnloadRequest, context: grpc.aio.ServicerContext
     ) -> pb.RepositoryModelUnloadResponse:
+        self.operator.require(context, "RepositoryModelUnload")
         await self.handler.unload(request.model_name)
         return pb.RepositoryModelUnloadResponse()

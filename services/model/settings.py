@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import SettingsConfigDict
 
 from services.common.settings import ServiceSettings
@@ -51,4 +51,10 @@ class ModelSettings(ServiceSettings):
         0.0,
         ge=0,
         description="Fault injection for drills and tests: every forward pass takes this much longer (0: off).",
+    )
+    admin_token: SecretStr = Field(
+        SecretStr(""),
+        description="Bearer token of the operator, the only caller that may load or unload models "
+        "(RepositoryModelLoad/Unload need 'authorization: Bearer <token>'); empty: any caller that reaches the "
+        "port may (a WARNING at start says so).",
     )
