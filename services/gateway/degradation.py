@@ -33,6 +33,7 @@ MODEL_FAILURES = {
 # Feature failures that are the caller's (a bad field, an unknown feature set), not the service's.
 FEATURE_CALLER_ERRORS = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND)
 FEATURES_UNAVAILABLE = "features_unavailable"
+FEATURES_INVALID = "features_invalid"  # the model refused features the feature service computed (e.g. overflowed)
 
 Remedy = Callable[[], Awaitable[Answer | None]]
 

@@ -10,6 +10,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+import grpc
 import numpy as np
 from opentelemetry import trace
 
@@ -22,6 +23,7 @@ from services.gateway import metrics
 from services.gateway.batching import StageBatcher
 from services.gateway.converters import answer_from_cache, answer_to_cache_value
 from services.gateway.degradation import (
+    FEATURES_INVALID,
     Failure,
     Remedy,
     default_answer,
@@ -70,6 +72,9 @@ class PipelineRunner:
         self.near = near if near is not None and near.max_bytes > 0 and near.max_ttl_s > 0 else None
         self.known_outputs: Mapping[str, Mapping[str, OutputSpec]] = {} if outputs is None else outputs
         self.model_inputs = spec.model_inputs()
+        # Every model input computed by the feature service: a model refusing them as invalid is the features'
+        # failure (degraded, the pipeline's remedies), not the caller's, who never sent those values.
+        self._fed_by_features = spec.features is not None and set(self.model_inputs.values()) == {spec.features.output}
         self.key_inputs = spec.cache.key_inputs or [i.name for i in spec.inputs]
         self._flights: SingleFlight[Answer] = SingleFlight()
         self._stores: set[asyncio.Future[bool]] = set()
@@ -312,6 +317,13 @@ class PipelineRunner:
         except Failure as failure:
             stages["model"] = (time.perf_counter() - start) * 1e3
             answer = await self._degrade_model(failure, stale, rows, tensors, deadline, headers)
+            return self._finish(answer, stages, t0, shared)
+        except MeshserveError as exc:
+            if not (self._fed_by_features and exc.code == grpc.StatusCode.INVALID_ARGUMENT):
+                raise
+            stages["model"] = (time.perf_counter() - start) * 1e3
+            metrics.MODEL_FAILURES.labels(self.spec.name, FEATURES_INVALID).inc()
+            answer = await self._degrade_features(Failure(FEATURES_INVALID, exc), stale, rows)
             return self._finish(answer, stages, t0, shared)
         stages["model"] = (time.perf_counter() - start) * 1e3
         answer = Answer(self._outputs(result), result.model_version, "miss")

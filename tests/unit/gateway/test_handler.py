@@ -12,7 +12,14 @@ import pytest
 import yaml
 from prometheus_client import Counter
 
-from services.common.errors import InvalidArgument, NotFound, ResourceExhausted, Unavailable
+from services.common.errors import (
+    InvalidArgument,
+    MeshserveError,
+    NotFound,
+    ResourceExhausted,
+    Unavailable,
+    error_with_code,
+)
 from services.common.server import Lifecycle
 from services.common.tensor_codec import serialize_bytes
 from services.gateway import metrics
@@ -96,12 +103,12 @@ async def test_admission_refusal_is_resource_exhausted_and_counted(handler: Gate
 
 async def test_a_failure_is_counted_with_its_code(handler: GatewayHandler) -> None:
     model: FakeModel = handler.up.model  # type: ignore[assignment]
-    model.errors[("m", "")] = InvalidArgument("model 'm': bad input")
-    before = sample(metrics.REQUESTS, pipeline="p", code="INVALID_ARGUMENT", cache="none")
-    with pytest.raises(InvalidArgument):
+    model.errors[("m", "")] = error_with_code(grpc.StatusCode.FAILED_PRECONDITION, "model 'm': not ready for it")
+    before = sample(metrics.REQUESTS, pipeline="p", code="FAILED_PRECONDITION", cache="none")
+    with pytest.raises(MeshserveError, match="not ready for it"):
         await handler.infer(request(), None, ())
     assert handler.statistics()["p"].fail_count == 1
-    after = sample(metrics.REQUESTS, pipeline="p", code="INVALID_ARGUMENT", cache="none")
+    after = sample(metrics.REQUESTS, pipeline="p", code="FAILED_PRECONDITION", cache="none")
     assert after == before + 1
     assert handler.admission.pools["p"].inflight == 0  # the permit went back
 

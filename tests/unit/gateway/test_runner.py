@@ -57,6 +57,10 @@ class Rig:
     async def run(self, rows: int = 1, user: str = "u", total_s: float = 1.0) -> Answer:
         return await self.runner.run(inputs(rows, user), rows, Deadline(total_s, None), ())
 
+    async def run_tensor(self, features: np.ndarray) -> Answer:
+        """A request of a pipeline without a feature stage: the caller's own `features` tensor."""
+        return await self.runner.run({"features": features}, len(features), Deadline(1.0, None), ())
+
     def fail_model(self, code: grpc.StatusCode, version: str = "") -> MeshserveError:
         error = error_with_code(code, f"model 'm': {code.name.lower()} ({version or 'any'})")
         self.model.errors[("m", version)] = error
@@ -240,14 +244,32 @@ async def test_each_model_failure_code_has_its_reason(code: grpc.StatusCode, rea
     assert (await rig.run()).degraded == f"{reason}:stale_cache"
 
 
-@pytest.mark.parametrize("code", [grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION])
-async def test_other_model_errors_go_to_the_caller_without_remedy(code: grpc.StatusCode) -> None:
+async def test_other_model_errors_go_to_the_caller_without_remedy() -> None:
     rig = Rig(hits=[STALE])
-    error = rig.fail_model(code)
+    error = rig.fail_model(grpc.StatusCode.FAILED_PRECONDITION)
     with pytest.raises(MeshserveError) as info:
         await rig.run()
-    assert info.value is error and info.value.code == code
+    assert info.value is error and info.value.code == grpc.StatusCode.FAILED_PRECONDITION
     assert rig.log == [LOOKUP, FEATURES, MODEL]
+
+
+async def test_a_model_refusing_computed_features_is_a_feature_failure_not_the_caller_s() -> None:
+    """The caller never sent the model's input: the feature service computed it (say, an aggregate that
+    overflowed), so the model's INVALID_ARGUMENT is answered by the feature remedies, marked degraded."""
+    rig = Rig(spec=pipeline(degradation={"on_feature_failure": ["default"]}))
+    rig.fail_model(grpc.StatusCode.INVALID_ARGUMENT)
+    answer = await rig.run()
+    assert (answer.model_version, answer.degraded) == ("default", "features_invalid:default")
+    assert answer.default_decision == "review"
+
+
+async def test_a_model_refusing_the_caller_s_own_tensors_is_the_caller_s_error() -> None:
+    spec = pipeline(features=None, inputs=[{"name": "features", "datatype": "FP32", "dims": [4]}])
+    rig = Rig(spec=spec, hits=[STALE])
+    error = rig.fail_model(grpc.StatusCode.INVALID_ARGUMENT)
+    with pytest.raises(MeshserveError) as info:
+        await rig.run_tensor(np.zeros((1, 4), np.float32))
+    assert info.value is error
 
 
 async def test_a_deadline_spent_before_the_model_call_is_a_model_timeout() -> None:
