@@ -1,19 +1,21 @@
 """Model names that are not pipelines: the public ones (a policy in the gateway's settings) go to the model
 service as they came, v2 messages passed through unchanged, the caller's deadline (and, for ModelInfer, its
 headers) passed on, errors with their own code; any other is unknown here. Loading and unloading models, which
-change what every pipeline answers, pass only for the operator (a bearer token the gateway is configured with).
+change what every pipeline answers, pass only for the operator (the gateway's admin token, or a JWT for the operator
+subject), and go on to the model service with the model service's own admin token.
 """
 
 from __future__ import annotations
 
-import hmac
 import logging
 from collections.abc import Awaitable, Collection
 from typing import TypeVar
 
 import grpc
 
+from services.common import tokens
 from services.common.errors import InvalidArgument, MeshserveError, NotFound, error_with_code
+from services.common.operator import AUTHORIZATION, bearer_credential, permission_denied, same_secret
 from services.gateway.admission import Admission, Priority
 from services.gateway.converters import pipeline_index
 from services.gateway.upstream import Headers
@@ -25,10 +27,16 @@ R = TypeVar("R")
 FORWARD_TIMEOUT_S = 30.0  # a forwarded call without a client deadline
 
 
+def _looks_like_jwt(credential: str) -> bool:
+    """A compact JWS has three dot-separated parts (a static token has none)."""
+    return credential.count(".") == 2
+
+
 class Forwarder:
     """The model service's RPCs behind the gateway; `pipelines` are the names it answers for itself, `public` the
-    models clients may reach by name, `admin_token` the operator's bearer token (empty: nobody may load or
-    unload through the gateway)."""
+    models clients may reach by name. The operator, the only caller that may load or unload, sends `admin_token`
+    or a JWT verified against `jwks` (a JWKS document) whose subject is tokens.OPERATOR_SUBJECT (both empty: nobody
+    may load or unload through the gateway); the forwarded call carries `model_admin_token` (None: `admin_token`)."""
 
     def __init__(
         self,
@@ -37,12 +45,16 @@ class Forwarder:
         pipelines: Collection[str],
         public: Collection[str] = (),
         admin_token: str = "",
+        jwks: str = "",
+        model_admin_token: str | None = None,
     ) -> None:
         self.model = model
         self.admission = admission
         self.pipelines = pipelines
         self.public = public
         self.admin_token = admin_token
+        self.jwks = jwks
+        self.model_admin_token = model_admin_token
 
     def _reachable(self, name: str) -> None:
         """NotFound for a model that is not public, worded as for a name that does not exist at all."""
@@ -50,20 +62,37 @@ class Forwarder:
             raise NotFound(f"no pipeline {name!r} here (pipelines: {', '.join(sorted(self.pipelines)) or 'none'})")
 
     def _operator(self, rpc: str, headers: Headers) -> None:
-        """PermissionDenied unless the call carries the operator's token."""
-        if not self.admin_token:
-            raise error_with_code(
-                grpc.StatusCode.PERMISSION_DENIED,
-                f"{rpc} changes what every pipeline answers: only the operator may, and this gateway has no "
-                "operator token (set MESHSERVE_GATEWAY_ADMIN_TOKEN, or call the model service directly)",
+        """Returns for the operator; PermissionDenied for any other caller, Unauthenticated for a JWT that does not
+        verify. Refusals say which credential is expected, never what was sent."""
+        what = f"{rpc} changes what every pipeline answers: only the operator may"
+        if not self.admin_token and not self.jwks:
+            raise permission_denied(
+                f"{what}, and this gateway has no operator credential (set MESHSERVE_GATEWAY_ADMIN_TOKEN or "
+                "MESHSERVE_GATEWAY_JWKS, or call the model service directly)"
             )
-        sent = dict(headers).get("authorization", "")
-        if not hmac.compare_digest(sent.encode(), f"Bearer {self.admin_token}".encode()):
-            raise error_with_code(
-                grpc.StatusCode.PERMISSION_DENIED,
-                f"{rpc} changes what every pipeline answers: only the operator may (send "
-                "'authorization: Bearer <MESHSERVE_GATEWAY_ADMIN_TOKEN>')",
-            )
+        credential = bearer_credential(headers)
+        if credential is not None and self.admin_token and same_secret(credential, self.admin_token):
+            return
+        if credential is not None and self.jwks and _looks_like_jwt(credential):
+            try:
+                claims = tokens.verify(credential, self.jwks)
+            except tokens.TokenError as exc:
+                raise error_with_code(
+                    grpc.StatusCode.UNAUTHENTICATED, f"{rpc}: the bearer JWT is refused: {exc}"
+                ) from None
+            if claims.subject == tokens.OPERATOR_SUBJECT:
+                return
+            raise permission_denied(f"{what} (the JWT's subject is not {tokens.OPERATOR_SUBJECT!r})")
+        expected = [
+            *(["'authorization: Bearer <MESHSERVE_GATEWAY_ADMIN_TOKEN>'"] if self.admin_token else []),
+            *([f"'authorization: Bearer <JWT of subject {tokens.OPERATOR_SUBJECT!r}>'"] if self.jwks else []),
+        ]
+        raise permission_denied(f"{what} (send {' or '.join(expected)})")
+
+    def _operator_metadata(self) -> tuple[tuple[str, str], ...]:
+        """The model service's operator credential, for the loads and unloads forwarded to it."""
+        token = self.admin_token if self.model_admin_token is None else self.model_admin_token
+        return ((AUTHORIZATION, f"Bearer {token}"),) if token else ()
 
     @staticmethod
     def _timeout(caller_remaining_s: float | None) -> float:
@@ -140,7 +169,9 @@ class Forwarder:
         self._not_a_pipeline(request.model_name)
         self._operator("RepositoryModelLoad", headers)
         return await self._forwarded(
-            self.model.repository_model_load(request, timeout_s=self._timeout(caller_remaining_s))
+            self.model.repository_model_load(
+                request, timeout_s=self._timeout(caller_remaining_s), metadata=self._operator_metadata()
+            )
         )
 
     async def repository_model_unload(
@@ -149,5 +180,7 @@ class Forwarder:
         self._not_a_pipeline(request.model_name)
         self._operator("RepositoryModelUnload", headers)
         return await self._forwarded(
-            self.model.repository_model_unload(request, timeout_s=self._timeout(caller_remaining_s))
+            self.model.repository_model_unload(
+                request, timeout_s=self._timeout(caller_remaining_s), metadata=self._operator_metadata()
+            )
         )

@@ -69,6 +69,8 @@ class GatewayHandler:
             self.pipelines.keys(),
             settings.public_models,
             settings.admin_token.get_secret_value(),
+            settings.jwks,
+            settings.model_operator_token(),
         )
         self._tasks: list[asyncio.Task[None]] = []
 

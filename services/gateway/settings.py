@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from services.common.settings import ServiceSettings
@@ -31,7 +32,19 @@ class GatewaySettings(ServiceSettings):
     admin_token: SecretStr = Field(
         SecretStr(""),
         description="Bearer token of the operator, the only caller that may load or unload models through the "
-        "gateway ('authorization: Bearer <token>'); empty: nobody may.",
+        "gateway ('authorization: Bearer <token>'); empty: only an operator JWT may (see jwks), or nobody.",
+    )
+    jwks: str = Field(
+        "",
+        description="JSON Web Key Set (the JSON itself, or the path of a file holding it) that verifies callers' "
+        "JWTs (services/common/tokens.py: ES256, issuer https://meshserve.local, audience meshserve); loading "
+        "and unloading also pass for 'authorization: Bearer <JWT>' whose subject is the operator's. Empty: only "
+        "admin_token. Read once at start.",
+    )
+    model_admin_token: SecretStr | None = Field(
+        None,
+        description="Bearer token the gateway sends on the loads and unloads it forwards to the model service "
+        "(its MESHSERVE_MODEL_ADMIN_TOKEN); unset: admin_token; empty: none sent.",
     )
     max_inflight: int = Field(256, ge=1, description="Requests in flight across all pipelines; beyond: shed.")
     min_limit: int = Field(16, ge=1, description="The adaptive limit never goes below this (nor above the cap).")
@@ -63,3 +76,28 @@ class GatewaySettings(ServiceSettings):
     watch_heartbeat_timeout_s: float = Field(
         15.0, gt=0, description="A Watch stream silent this long (the cache sends heartbeats) counts as lost."
     )
+
+    @field_validator("jwks")
+    @classmethod
+    def _jwks_json(cls, value: str) -> str:
+        """The key set's JSON, read from the file when `value` is a path; a key set with no keys is an error."""
+        text = value.strip()
+        if not text:
+            return ""
+        if not text.startswith("{"):
+            try:
+                text = Path(text).read_text().strip()
+            except OSError as exc:
+                raise ValueError(f"not a JWKS document nor a readable file ({exc.strerror})") from None
+        try:
+            keys = json.loads(text).get("keys")
+        except (ValueError, AttributeError):
+            raise ValueError("not a JWKS document (a JSON object with a 'keys' list)") from None
+        if not isinstance(keys, list) or not keys:
+            raise ValueError("the JWKS has no keys (a JSON object with a non-empty 'keys' list)")
+        return text
+
+    def model_operator_token(self) -> str:
+        """The bearer token forwarded loads and unloads carry to the model service ('' for none)."""
+        token = self.admin_token if self.model_admin_token is None else self.model_admin_token
+        return token.get_secret_value()

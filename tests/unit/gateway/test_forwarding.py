@@ -142,7 +142,8 @@ async def test_the_operator_token_loads_and_unloads_any_model(rig: tuple[Forward
     await forwarder.repository_model_load(pb.RepositoryModelLoadRequest(model_name="m"), 3.0, ADMIN)
     await forwarder.repository_model_unload(pb.RepositoryModelUnloadRequest(model_name="fraud_mlp"), 3.0, ADMIN)
     assert service.requests["RepositoryModelUnload"].model_name == "fraud_mlp"
-    assert "authorization" not in service.metadata["RepositoryModelUnload"]  # the token stays at the gateway
+    # The model service is called with its own operator credential (by default the gateway's admin token).
+    assert service.metadata["RepositoryModelUnload"]["authorization"] == f"Bearer {TOKEN}"
 
 
 async def test_without_an_operator_token_nobody_loads_or_unloads(rig: tuple[Forwarder, FakeModelService]) -> None:
