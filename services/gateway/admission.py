@@ -49,8 +49,12 @@ def parse_priority(value: str | float | None) -> Priority:
 class GradientLimit:
     """A concurrency limit that follows latency (Gradient2): limit *= clamp(tolerance * long_rtt / short_rtt).
 
-    Samples are grouped in windows of `window` completions; `long_rtt` is an exponential average over
-    about `long_window` samples and stands for the latency with no queueing.
+    Samples are grouped in windows of `window` completions; `long_rtt` stands for the latency with no queueing.
+    It falls like an exponential average over about `long_window` samples but rises `rise_slowdown` times more
+    slowly: as a symmetric average (Gradient2's), it took the queueing latency of a sustained overload for the new
+    baseline within about 300 samples (a second at this gateway's rates) and let the limit climb back to its cap,
+    so the overload was admitted and queued instead of refused. A lasting change of the real latency (a slower
+    model version) still becomes the baseline, over about `long_window * rise_slowdown` samples.
     """
 
     def __init__(
@@ -63,6 +67,7 @@ class GradientLimit:
         smoothing: float = 0.2,
         window: int = 16,
         long_window: int = 600,
+        rise_slowdown: float = 100.0,
     ) -> None:
         self.min_limit = min_limit
         self.max_limit = max_limit
@@ -71,6 +76,7 @@ class GradientLimit:
         self.smoothing = smoothing
         self.window = window
         self._decay = 2.0 / (long_window / window + 1)
+        self._rise = self._decay / rise_slowdown
         self.long_rtt = 0.0
         self._sum = 0.0
         self._count = 0
@@ -96,7 +102,8 @@ class GradientLimit:
         if self.long_rtt == 0.0:
             self.long_rtt = short_rtt
         else:
-            self.long_rtt += self._decay * (short_rtt - self.long_rtt)
+            decay = self._decay if short_rtt < self.long_rtt else self._rise
+            self.long_rtt += decay * (short_rtt - self.long_rtt)
         if self.long_rtt > 2 * short_rtt:  # load fell: let the baseline follow quickly
             self.long_rtt *= 0.95
         if inflight < self.limit / 2:  # app-limited: the samples say nothing about a larger limit

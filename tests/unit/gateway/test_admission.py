@@ -62,6 +62,21 @@ def test_the_limit_shrinks_when_latency_rises_and_grows_back() -> None:
     assert limit.value > shrunk * 2
 
 
+def test_a_sustained_overload_keeps_the_limit_down() -> None:
+    """Queueing latency that lasts is not taken for the new baseline within seconds: the limit stays low (the
+    excess is refused) for as long as the queueing goes on, and comes back when latency does."""
+    limit = GradientLimit(initial=64, min_limit=16, max_limit=64)
+    for _ in range(2000):
+        limit.on_sample(0.010, inflight=limit.value)
+    assert limit.value == 64
+    for _ in range(9000):  # 5x the quiet latency for 9,000 requests (30 s at 300 req/s)
+        limit.on_sample(0.050, inflight=limit.value)
+    assert limit.value <= 24  # (the symmetric baseline of before was back at the cap, 64, within 2,000)
+    for _ in range(2000):
+        limit.on_sample(0.010, inflight=limit.value)
+    assert limit.value == 64
+
+
 def test_the_limit_stays_within_bounds_and_backs_off_on_drops() -> None:
     limit = GradientLimit(initial=8, min_limit=4, max_limit=16, window=1)
     for _ in range(200):
