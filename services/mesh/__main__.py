@@ -9,7 +9,7 @@ from pathlib import Path
 from services.mesh.errors import MeshConfigError
 from services.mesh.istio import NOT_APPLICABLE_LOCALLY
 from services.mesh.local import DEFAULT_WORKDIR, LocalMesh
-from services.mesh.topology import MeshTopology
+from services.mesh.topology import MeshTopology, unix_path
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -34,7 +34,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{mesh.config_path}: valid")
         else:
             mesh.start()
-            print(f"envoy running; admin http://{mesh.topology.admin}; log {mesh.envoy.log_path}", flush=True)
+            admin = mesh.topology.admin if unix_path(mesh.topology.admin) else f"http://{mesh.topology.admin}"
+            print(f"envoy running; admin {admin}; log {mesh.envoy.log_path}", flush=True)
             try:
                 return mesh.envoy.wait()
             except KeyboardInterrupt:

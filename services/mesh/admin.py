@@ -1,29 +1,69 @@
-"""A small client of Envoy's admin interface: readiness, stats, cluster host health, route versions."""
+"""A small client of Envoy's admin interface (host:port or a Unix socket): readiness, stats, hosts, route versions."""
 
 from __future__ import annotations
 
+import http.client
 import json
+import socket
 import urllib.error
 import urllib.parse
-import urllib.request
+from pathlib import Path
 from typing import Any
+
+from services.mesh.topology import split_address, unix_path
+
+
+class _UnixHTTPConnection(http.client.HTTPConnection):
+    """HTTP/1.1 over a Unix socket (Envoy's admin on a `pipe`)."""
+
+    def __init__(self, path: Path, timeout: float) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self.socket_path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        try:
+            sock.connect(str(self.socket_path))
+        except OSError:
+            sock.close()
+            raise
+        self.sock = sock
 
 
 class EnvoyAdmin:
-    """Envoy's admin API on `address` (host:port)."""
+    """Envoy's admin API on `address`: host:port, or unix:/abs/path."""
 
     def __init__(self, address: str, timeout: float = 2.0) -> None:
         self.address = address
         self.timeout = timeout
 
+    def _connection(self) -> http.client.HTTPConnection:
+        path = unix_path(self.address)
+        if path is not None:
+            return _UnixHTTPConnection(path, self.timeout)
+        host, port = split_address(self.address)
+        return http.client.HTTPConnection(host, port, timeout=self.timeout)
+
     def get(self, path: str) -> str:
-        with urllib.request.urlopen(f"http://{self.address}{path}", timeout=self.timeout) as response:
-            return response.read().decode()
+        """The body of GET `path`; urllib.error.HTTPError (an OSError) unless Envoy answers 200."""
+        connection = self._connection()
+        try:
+            connection.request("GET", path)
+            response = connection.getresponse()
+            body = response.read().decode()
+        except http.client.HTTPException as exc:
+            raise OSError(f"envoy admin {self.address}{path}: {exc!r}") from exc
+        finally:
+            connection.close()
+        if response.status != 200:
+            raise urllib.error.HTTPError(f"{self.address}{path}", response.status, body[:200], response.headers, None)
+        return body
 
     def ready(self) -> bool:
         try:
             return self.get("/ready").strip() == "LIVE"
-        except (OSError, urllib.error.URLError):
+        except OSError:
             return False
 
     def stats(self, filter_regex: str = "") -> dict[str, int]:

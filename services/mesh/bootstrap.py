@@ -6,12 +6,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from services.mesh.authn import check_jwks, ingress_jwt_rules, jwt_authn_filter
+from services.mesh.authz import anonymous_paths, ingress_policies, rbac_filters
 from services.mesh.clusters import render_clusters
+from services.mesh.envoyfilters import apply_patches, ingress_patches
+from services.mesh.errors import MeshConfigError
 from services.mesh.hosts import cluster_name
-from services.mesh.listeners import INGRESS, listener, route_name, tracer_runtime, tracing
+from services.mesh.listeners import INGRESS, hcm_of, listener, route_name, tracer_runtime, tracing
 from services.mesh.loader import IstioConfig
 from services.mesh.routes import Weights, gateway_virtual_services, mesh_virtual_services, route_configuration
-from services.mesh.topology import MeshTopology, split_address
+from services.mesh.topology import IngressTls, MeshTopology, split_address, unix_path
+
+ADMIN_SOCKET_MODE = 0o600  # only the user running the stack may read Envoy's config_dump or change its state
 
 
 @dataclass
@@ -39,21 +45,52 @@ def render_routes(
     return routes
 
 
+def ingress_security_filters(istio: IstioConfig, topology: MeshTopology) -> list[dict[str, Any]]:
+    """jwt_authn (unless the topology turns authentication off), then the RBAC filters of the ingress policies."""
+    policies = ingress_policies(istio)
+    rules = ingress_jwt_rules(istio)
+    check_jwks(rules, topology.jwks)
+    jwt = jwt_authn_filter(rules, topology.jwks, anonymous_paths(policies)) if topology.authenticate else None
+    return ([jwt] if jwt is not None else []) + rbac_filters(policies, topology.authenticate)
+
+
+def ingress_tls(istio: IstioConfig, topology: MeshTopology) -> IngressTls | None:
+    """The topology's certificate, for a Gateway that terminates TLS (the local ingress is one listener)."""
+    if topology.ingress_tls is None:
+        return None
+    if not any(server.tls is not None for gw in istio.gateways for server in gw.spec.servers):
+        raise MeshConfigError("topology.ingress_tls: no Gateway server of istio/ terminates TLS (tls mode SIMPLE)")
+    return topology.ingress_tls
+
+
+def ingress_listener(istio: IstioConfig, topology: MeshTopology, address: str, routes_dir: Path) -> dict[str, Any]:
+    """The ingress gateway: TLS, authentication and authorization filters, then the EnvoyFilter patches."""
+    trace = tracing(istio, topology.otlp, "meshserve-ingress")
+    filters = ingress_security_filters(istio, topology)
+    out = listener(INGRESS, address, routes_dir, trace, security_filters=filters, tls=ingress_tls(istio, topology))
+    apply_patches(hcm_of(out), ingress_patches(istio))
+    return out
+
+
+def admin_address(address: str) -> dict[str, Any]:
+    path = unix_path(address)
+    if path is not None:
+        return {"pipe": {"path": str(path), "mode": ADMIN_SOCKET_MODE}}
+    host, port = split_address(address)
+    return {"socket_address": {"address": host, "port_value": port}}
+
+
 def render(istio: IstioConfig, topology: MeshTopology, routes_dir: Path, weights: Weights | None = None) -> Rendered:
     """The whole Envoy configuration: admin, clusters, listeners reading their routes from `routes_dir`."""
     listeners = []
-    traced = False
-    names = [(service, st.listen, f"{service}-sidecar") for service, st in topology.services.items()]
     if topology.ingress is not None:
-        names.insert(0, (INGRESS, topology.ingress, "meshserve-ingress"))
-    for name, address, service_name in names:
-        trace = tracing(istio, topology.otlp, service_name)
-        traced = traced or trace is not None
-        listeners.append(listener(name, address, routes_dir, trace))
-    admin_host, admin_port = split_address(topology.admin)
+        listeners.append(ingress_listener(istio, topology, topology.ingress, routes_dir))
+    for service, st in topology.services.items():
+        listeners.append(listener(service, st.listen, routes_dir, tracing(istio, topology.otlp, f"{service}-sidecar")))
+    traced = any("tracing" in hcm_of(item) for item in listeners)
     bootstrap: dict[str, Any] = {
         "node": {"id": topology.node_id, "cluster": "meshserve"},
-        "admin": {"address": {"socket_address": {"address": admin_host, "port_value": admin_port}}},
+        "admin": {"address": admin_address(topology.admin)},
         "static_resources": {"listeners": listeners, "clusters": render_clusters(istio, topology)},
     }
     if traced:

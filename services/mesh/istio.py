@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
@@ -96,6 +96,16 @@ class HTTPFaultInjection(IstioModel):
     abort: FaultAbort | None = None
 
 
+class HeaderOperations(IstioModel):
+    """Headers removed from the request before it is forwarded (`set` and `add` are not supported locally)."""
+
+    remove: list[str] = Field(default_factory=list)
+
+
+class Headers(IstioModel):
+    request: HeaderOperations | None = None
+
+
 class HTTPRoute(IstioModel):
     name: str | None = None
     match: list[HTTPMatchRequest] = Field(default_factory=list)
@@ -103,6 +113,7 @@ class HTTPRoute(IstioModel):
     timeout: Duration | None = None
     retries: HTTPRetry | None = None
     fault: HTTPFaultInjection | None = None
+    headers: Headers | None = None
 
 
 class VirtualServiceSpec(IstioModel):
@@ -171,13 +182,27 @@ class DestinationRuleSpec(IstioModel):
 class GatewayPort(IstioModel):
     number: int = Field(ge=1, le=65535)
     name: str
-    protocol: Literal["HTTP", "HTTP2", "GRPC"]
+    protocol: Literal["HTTP", "HTTP2", "GRPC", "HTTPS"]
+
+
+class ServerTLSSettings(IstioModel):
+    """TLS terminated at the gateway with the certificate of a Kubernetes secret (only mode SIMPLE locally)."""
+
+    mode: Literal["SIMPLE"]
+    credential_name: str = Field(min_length=1)
 
 
 class Server(IstioModel):
     port: GatewayPort
     hosts: list[str] = Field(min_length=1)
     name: str | None = None
+    tls: ServerTLSSettings | None = None
+
+    @model_validator(mode="after")
+    def _tls_matches_protocol(self) -> Server:
+        if (self.port.protocol == "HTTPS") != (self.tls is not None):
+            raise ValueError("an HTTPS server needs `tls`, and `tls` needs protocol HTTPS")
+        return self
 
 
 class GatewaySpec(IstioModel):
@@ -201,6 +226,8 @@ class PeerAuthenticationSpec(IstioModel):
 class Source(IstioModel):
     principals: list[str] = Field(default_factory=list)
     namespaces: list[str] = Field(default_factory=list)
+    request_principals: list[str] = Field(default_factory=list)
+    not_request_principals: list[str] = Field(default_factory=list)
 
 
 class RuleFrom(IstioModel):
@@ -226,6 +253,81 @@ class AuthorizationPolicySpec(IstioModel):
     selector: WorkloadSelector | None = None
     action: Literal["ALLOW", "DENY", "AUDIT", "CUSTOM"] = "ALLOW"
     rules: list[Rule] = Field(default_factory=list)
+
+
+class ClaimToHeader(IstioModel):
+    header: str = Field(min_length=1, pattern=r"^[-_A-Za-z0-9]+$")
+    claim: str = Field(min_length=1)
+
+
+class JWTRule(IstioModel):
+    """One issuer's tokens: where its keys are (inline JWKS only locally), audiences, what reaches the upstream."""
+
+    issuer: str = Field(min_length=1)
+    audiences: list[str] = Field(default_factory=list)
+    jwks: str | None = None
+    forward_original_token: bool = False
+    output_claim_to_headers: list[ClaimToHeader] = Field(default_factory=list)
+
+
+class RequestAuthenticationSpec(IstioModel):
+    selector: WorkloadSelector | None = None
+    jwt_rules: list[JWTRule] = Field(default_factory=list)
+
+
+class SubFilterMatch(IstioModel):
+    name: str
+
+
+class FilterMatch(IstioModel):
+    name: str
+    sub_filter: SubFilterMatch | None = None
+
+
+class FilterChainMatch(IstioModel):
+    filter: FilterMatch
+
+
+class ListenerMatch(IstioModel):
+    filter_chain: FilterChainMatch
+
+
+class EnvoyConfigObjectMatch(IstioModel):
+    context: Literal["ANY", "SIDECAR_INBOUND", "SIDECAR_OUTBOUND", "GATEWAY"]
+    listener: ListenerMatch
+
+
+class Patch(IstioModel):
+    operation: Literal["MERGE", "ADD", "REMOVE", "INSERT_BEFORE", "INSERT_AFTER", "INSERT_FIRST", "REPLACE"]
+    value: dict[str, Any] = Field(default_factory=dict)
+    """Envoy configuration as Envoy spells it (snake_case), not Istio's camelCase."""
+
+
+class EnvoyConfigObjectPatch(IstioModel):
+    apply_to: Literal[
+        "LISTENER",
+        "FILTER_CHAIN",
+        "NETWORK_FILTER",
+        "HTTP_FILTER",
+        "ROUTE_CONFIGURATION",
+        "VIRTUAL_HOST",
+        "HTTP_ROUTE",
+        "CLUSTER",
+        "EXTENSION_CONFIG",
+        "BOOTSTRAP",
+        "LISTENER_FILTER",
+    ]
+    match: EnvoyConfigObjectMatch
+    patch: Patch
+
+
+class EnvoyFilterWorkloadSelector(IstioModel):
+    labels: dict[str, str] = Field(default_factory=dict)
+
+
+class EnvoyFilterSpec(IstioModel):
+    workload_selector: EnvoyFilterWorkloadSelector | None = None
+    config_patches: list[EnvoyConfigObjectPatch] = Field(min_length=1)
 
 
 class ProviderRef(IstioModel):
@@ -285,6 +387,18 @@ class AuthorizationPolicy(Resource):
     spec: AuthorizationPolicySpec
 
 
+class RequestAuthentication(Resource):
+    api_version: Literal["security.istio.io/v1", "security.istio.io/v1beta1"]
+    kind: Literal["RequestAuthentication"]
+    spec: RequestAuthenticationSpec
+
+
+class EnvoyFilter(Resource):
+    api_version: Literal["networking.istio.io/v1alpha3"]
+    kind: Literal["EnvoyFilter"]
+    spec: EnvoyFilterSpec
+
+
 class Telemetry(Resource):
     api_version: Literal["telemetry.istio.io/v1", "telemetry.istio.io/v1alpha1"]
     kind: Literal["Telemetry"]
@@ -293,17 +407,33 @@ class Telemetry(Resource):
 
 KINDS: dict[str, type[Resource]] = {
     cls.__name__: cls
-    for cls in (VirtualService, DestinationRule, Gateway, PeerAuthentication, AuthorizationPolicy, Telemetry)
+    for cls in (
+        VirtualService,
+        DestinationRule,
+        Gateway,
+        PeerAuthentication,
+        AuthorizationPolicy,
+        RequestAuthentication,
+        EnvoyFilter,
+        Telemetry,
+    )
 }
 
 NOT_APPLICABLE_LOCALLY: dict[str, str] = {
     "PeerAuthentication": "mutual TLS between sidecars needs workload certificates; the local Envoy and services "
     "talk plaintext on 127.0.0.1",
-    "AuthorizationPolicy": "service-account principals exist only with mTLS identities in a cluster; locally every "
-    "caller on 127.0.0.1 is allowed",
+    "AuthorizationPolicy": "policies of sidecars (a selector that does not pick the ingress gateway): service-account "
+    "principals exist only with mTLS identities in a cluster; locally every caller on 127.0.0.1 is allowed. Policies "
+    "of the ingress gateway are rendered (Envoy RBAC on the ingress listener)",
     "Gateway.spec.selector": "picks the ingress-gateway pods; locally the ingress is the topology's `ingress` address",
     "Gateway.spec.servers": "port and hosts of the cluster ingress; locally one listener on the topology's `ingress` "
     "address accepts every host",
+    "Gateway.spec.servers.tls.credentialName": "the Kubernetes secret holding the certificate; locally the files of "
+    "the topology's `ingress_tls` (without them the local ingress is plaintext)",
+    "RequestAuthentication.spec.selector, AuthorizationPolicy.spec.selector, EnvoyFilter.spec.workloadSelector": "pick "
+    "the ingress-gateway pods; locally they apply to the ingress listener",
+    "*.metadata.namespace (ingress-gateway policies)": "in a cluster they live in the gateway's namespace "
+    "(istio-system); the local mesh has a single namespace",
     "Telemetry.spec.selector": "workload scoping; locally the tracing settings apply to every listener",
     "Telemetry.spec.tracing.providers": "the provider (meshConfig extensionProviders) is the topology's `otlp` "
     "collector address; without one the local Envoy forwards trace headers but exports no spans",

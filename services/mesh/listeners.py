@@ -8,10 +8,13 @@ from typing import Any
 from services.mesh.clusters import OTLP_CLUSTER
 from services.mesh.loader import IstioConfig
 from services.mesh.routes import FAULT_FILTER
-from services.mesh.topology import split_address
+from services.mesh.topology import IngressTls, split_address
 
 HCM = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
+TLS_CONTEXT = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext"
 INGRESS = "ingress"
+# What istiod gives an HTTPS Gateway server: HTTP/2 (gRPC) or HTTP/1.1 by ALPN, TLS 1.2 at least.
+INGRESS_ALPN = ["h2", "http/1.1"]
 
 
 def route_name(listener: str) -> str:
@@ -92,7 +95,39 @@ def tracing(istio: IstioConfig, otlp: str | None, service_name: str) -> dict[str
     return None
 
 
-def listener(name: str, address: str, routes_dir: Path, trace: dict[str, Any] | None) -> dict[str, Any]:
+def downstream_tls(tls: IngressTls) -> dict[str, Any]:
+    """The TLS server of the ingress (a Gateway server with tls mode SIMPLE), its certificate read from files."""
+    certificate = {
+        "certificate_chain": {"filename": str(tls.cert_chain)},
+        "private_key": {"filename": str(tls.private_key)},
+    }
+    context = {
+        "@type": TLS_CONTEXT,
+        "common_tls_context": {
+            "tls_params": {"tls_minimum_protocol_version": "TLSv1_2"},
+            "alpn_protocols": list(INGRESS_ALPN),
+            "tls_certificates": [certificate],
+        },
+    }
+    return {"name": "envoy.transport_sockets.tls", "typed_config": context}
+
+
+def hcm_of(listener: dict[str, Any]) -> dict[str, Any]:
+    """The HttpConnectionManager config of a listener rendered by `listener()`."""
+    config: dict[str, Any] = listener["filter_chains"][0]["filters"][0]["typed_config"]
+    return config
+
+
+def listener(
+    name: str,
+    address: str,
+    routes_dir: Path,
+    trace: dict[str, Any] | None,
+    *,
+    security_filters: list[dict[str, Any]] | None = None,
+    tls: IngressTls | None = None,
+) -> dict[str, Any]:
+    """A listener whose HTTP filters are `security_filters` (jwt_authn, RBAC), fault injection, the router."""
     host, port = split_address(address)
     hcm: dict[str, Any] = {
         "@type": HCM,
@@ -100,6 +135,7 @@ def listener(name: str, address: str, routes_dir: Path, trace: dict[str, Any] | 
         "codec_type": "AUTO",
         "rds": rds_source(routes_dir, route_name(name)),
         "http_filters": [
+            *(security_filters or []),
             {
                 "name": FAULT_FILTER,
                 "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.fault.v3.HTTPFault"},
@@ -112,10 +148,13 @@ def listener(name: str, address: str, routes_dir: Path, trace: dict[str, Any] | 
     }
     if trace is not None:
         hcm["tracing"] = trace
+    chain: dict[str, Any] = {
+        "filters": [{"name": "envoy.filters.network.http_connection_manager", "typed_config": hcm}]
+    }
+    if tls is not None:
+        chain["transport_socket"] = downstream_tls(tls)
     return {
         "name": name,
         "address": {"socket_address": {"address": host, "port_value": port}},
-        "filter_chains": [
-            {"filters": [{"name": "envoy.filters.network.http_connection_manager", "typed_config": hcm}]}
-        ],
+        "filter_chains": [chain],
     }

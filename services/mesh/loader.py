@@ -16,8 +16,10 @@ from services.mesh.istio import (
     KINDS,
     AuthorizationPolicy,
     DestinationRule,
+    EnvoyFilter,
     Gateway,
     PeerAuthentication,
+    RequestAuthentication,
     Resource,
     Telemetry,
     VirtualService,
@@ -59,6 +61,14 @@ class IstioConfig:
     @property
     def authorization_policies(self) -> list[AuthorizationPolicy]:
         return self.of(AuthorizationPolicy)
+
+    @property
+    def request_authentications(self) -> list[RequestAuthentication]:
+        return self.of(RequestAuthentication)
+
+    @property
+    def envoy_filters(self) -> list[EnvoyFilter]:
+        return self.of(EnvoyFilter)
 
 
 def parse_resource(doc: dict[str, Any], source: Path) -> Resource:

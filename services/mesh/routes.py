@@ -190,6 +190,9 @@ def envoy_routes(vs: VirtualService, known: set[str], weights: Weights) -> list[
                 "match": match,
                 "route": action,
             }
+            if route.headers is not None and route.headers.request is not None and route.headers.request.remove:
+                # Istio's headers.request.remove: removed by the router as it forwards, after every HTTP filter ran
+                entry["request_headers_to_remove"] = list(route.headers.request.remove)
             if route.fault is not None:
                 entry["typed_per_filter_config"] = {
                     FAULT_FILTER: fault_config(

@@ -26,6 +26,23 @@ def _address(value: str) -> str:
     return value
 
 
+UNIX_PREFIX = "unix:"
+
+
+def unix_path(address: str) -> Path | None:
+    """The socket path of a `unix:/abs/path` address; None for `host:port`."""
+    return Path(address[len(UNIX_PREFIX) :]) if address.startswith(UNIX_PREFIX) else None
+
+
+def _admin_address(value: str) -> str:
+    path = unix_path(value)
+    if path is None:
+        return _address(value)
+    if not path.is_absolute() or len(str(path).encode()) > 100:  # sun_path holds 108 bytes
+        raise ValueError(f"a unix admin address needs an absolute path of at most 100 bytes: {value!r}")
+    return value
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -60,20 +77,50 @@ class HealthCheck(_Strict):
     service_name: str = Field("", description="grpc.health.v1 service name asked ('' = the whole server).")
 
 
+class IngressTls(_Strict):
+    """The certificate the ingress presents: the local stand-in for the Gateway server's `credentialName`."""
+
+    cert_chain: Path = Field(description="PEM certificate chain (server certificate first).")
+    private_key: Path = Field(description="PEM private key of the server certificate.")
+
+
 class MeshTopology(_Strict):
     """Everything local that a cluster would know from Kubernetes: services, endpoints, ports, collector."""
 
     services: dict[str, MeshService]
     ingress: str | None = Field("127.0.0.1:8080", description="Ingress listener (plays the ingress gateway).")
-    admin: str = Field("127.0.0.1:9901", description="Envoy admin address (/stats, /clusters, /ready).")
+    admin: str = Field(
+        "127.0.0.1:9901",
+        description="Envoy admin (/stats, /clusters, /ready): host:port, or unix:/abs/path for a socket only its "
+        "owner may open (mode 0600).",
+    )
     otlp: str | None = Field(None, description="host:port of an OTLP/gRPC collector; None exports no spans.")
     health_check: HealthCheck | None = Field(default_factory=HealthCheck)
     node_id: str = "meshserve-local"
+    ingress_tls: IngressTls | None = Field(
+        None, description="Certificate files of the ingress's TLS server (Gateway tls SIMPLE); None: plaintext."
+    )
+    jwks: dict[str, str] = Field(
+        default_factory=dict,
+        description="Issuer -> JWKS JSON, replacing the inline `jwks` of the RequestAuthentication rule of that "
+        "issuer (the local stack's own signing key; istio/ holds a placeholder the cluster overlays).",
+    )
+    authenticate: bool = Field(
+        True,
+        description="False: no jwt_authn at the ingress, so no caller has a principal: ALLOW rules asking only for "
+        "some authenticated caller (requestPrincipals '*') admit everyone, DENY rules with notRequestPrincipals deny "
+        "everyone (admin RPCs closed for all).",
+    )
 
-    @field_validator("ingress", "admin", "otlp")
+    @field_validator("ingress", "otlp")
     @classmethod
     def _addresses(cls, value: str | None) -> str | None:
         return None if value is None else _address(value)
+
+    @field_validator("admin")
+    @classmethod
+    def _admin(cls, value: str) -> str:
+        return _admin_address(value)
 
     @classmethod
     def load(cls, path: Path | str) -> MeshTopology:

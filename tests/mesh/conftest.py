@@ -6,6 +6,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -18,6 +19,7 @@ from services.mesh import MeshTopology as Topology
 from services.mesh.topology import HealthCheck
 from tests.helpers.models import Mlp, mlp_config, write_model
 from tests.helpers.servers import ServiceProcess, free_port, model_service
+from tests.mesh.credentials import Issuer, Pki, make_pki
 
 ROOT = Path(__file__).resolve().parents[2]
 ISTIO = ROOT / "istio"
@@ -55,6 +57,18 @@ def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, lis
             cm.__exit__(None, None, None)
 
 
+@pytest.fixture(scope="session")
+def issuer() -> Issuer:
+    """The local issuer's signing key for these tests (give `issuer.topology_jwks` to the mesh)."""
+    return Issuer.new()
+
+
+@pytest.fixture(scope="session")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    """A CA made for these tests and the ingress certificate it signed (give `pki.ingress_tls` to the mesh)."""
+    return make_pki(tmp_path_factory.mktemp("pki"))
+
+
 MeshFactory = Callable[..., LocalMesh]
 
 
@@ -69,8 +83,12 @@ def make_mesh(tmp_path: Path) -> Iterator[MeshFactory]:
         health_check: HealthCheck | None = FAST_HEALTH,
         otlp: str | None = None,
         gateway: str | None = None,
+        **topology: Any,
     ) -> LocalMesh:
-        """`gateway`: a gateway replica address; it also opens the ingress listener (bound to the Istio Gateway)."""
+        """`gateway`: a gateway replica address; it also opens the ingress listener (bound to the Istio Gateway).
+
+        `topology`: further MeshTopology fields (ingress_tls, jwks, authenticate, admin).
+        """
         services = {
             "model": ServiceTopology(
                 listen=f"127.0.0.1:{free_port()}",
@@ -80,14 +98,15 @@ def make_mesh(tmp_path: Path) -> Iterator[MeshFactory]:
         if gateway is not None:
             listen = f"127.0.0.1:{free_port()}"
             services["gateway"] = ServiceTopology(listen=listen, replicas=[Replica(address=gateway)])
-        topology = Topology(
+        topology.setdefault("admin", f"127.0.0.1:{free_port()}")
+        mesh_topology = Topology(
             services=services,
             ingress=f"127.0.0.1:{free_port()}" if gateway else None,
-            admin=f"127.0.0.1:{free_port()}",
             otlp=otlp,
             health_check=health_check,
+            **topology,
         )
-        mesh = LocalMesh(topology, istio or [ISTIO], tmp_path / f"mesh{len(meshes)}", concurrency=1)
+        mesh = LocalMesh(mesh_topology, istio or [ISTIO], tmp_path / f"mesh{len(meshes)}", concurrency=1)
         meshes.append(mesh)
         mesh.start()
         return mesh

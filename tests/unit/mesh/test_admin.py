@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import json
+import shutil
+import socketserver
+import tempfile
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 
@@ -70,3 +74,27 @@ def test_ready_stats_hosts_and_route_versions(admin: EnvoyAdmin) -> None:
 
 def test_an_admin_nobody_answers_is_not_ready() -> None:
     assert not EnvoyAdmin(f"127.0.0.1:{free_port()}", timeout=0.5).ready()
+
+
+class UnixHTTPServer(socketserver.ThreadingUnixStreamServer):
+    def get_request(self):  # BaseHTTPRequestHandler wants a (host, port) client address
+        request, _ = super().get_request()
+        return request, ("local", 0)
+
+
+def test_admin_over_a_unix_socket() -> None:
+    folder = Path(tempfile.mkdtemp(prefix="ms-", dir="/tmp"))
+    path = folder / "admin.sock"
+    server = UnixHTTPServer(str(path), FakeAdmin)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        admin = EnvoyAdmin(f"unix:{path}")
+        assert admin.ready()
+        assert admin.stat("http.model.fault.aborts_injected") == 12
+        assert not EnvoyAdmin(f"unix:{folder / 'none.sock'}", timeout=0.5).ready()
+        with pytest.raises(OSError):  # 404: an HTTPError, as for host:port
+            admin.get("/nope")
+    finally:
+        server.shutdown()
+        server.server_close()
+        shutil.rmtree(folder, ignore_errors=True)

@@ -49,3 +49,24 @@ def test_topology_errors_name_file_and_field(tmp_path: Path) -> None:
     path.write_text("services: {}\nadmn: 127.0.0.1:1\n")
     with pytest.raises(MeshConfigError, match="admn: unknown field"):
         MeshTopology.load(path)
+
+
+def test_admin_address_is_host_port_or_an_absolute_unix_socket() -> None:
+    services = {"model": {"listen": "127.0.0.1:18001"}}
+    assert MeshTopology.model_validate({"services": services, "admin": "unix:/run/a.sock"}).admin == "unix:/run/a.sock"
+    for bad in ("unix:relative.sock", "unix:/" + "x" * 120, "nowhere"):
+        with pytest.raises(ValueError, match="admin"):
+            MeshTopology.model_validate({"services": services, "admin": bad})
+
+
+def test_secure_ingress_fields_and_their_defaults(tmp_path: Path) -> None:
+    path = tmp_path / "topology.yaml"
+    path.write_text(
+        "services: {}\ningress_tls: {cert_chain: /s/ingress.pem, private_key: /s/ingress-key.pem}\n"
+        "jwks: {'https://meshserve.local': '{\"keys\": []}'}\nauthenticate: false\n"
+    )
+    topology = MeshTopology.load(path)
+    assert topology.ingress_tls is not None and topology.ingress_tls.cert_chain == Path("/s/ingress.pem")
+    assert topology.jwks == {"https://meshserve.local": '{"keys": []}'} and topology.authenticate is False
+    default = MeshTopology(services={})
+    assert default.ingress_tls is None and default.jwks == {} and default.authenticate is True
