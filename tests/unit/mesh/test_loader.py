@@ -20,6 +20,7 @@ def test_real_istio_folder_loads_every_resource() -> None:
         "DestinationRule",
         "Gateway",
         "PeerAuthentication",
+        "RequestAuthentication",
         "Telemetry",
         "VirtualService",
     ]
