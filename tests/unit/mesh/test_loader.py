@@ -18,6 +18,7 @@ def test_real_istio_folder_loads_every_resource() -> None:
     assert kinds == [
         "AuthorizationPolicy",
         "DestinationRule",
+        "EnvoyFilter",
         "Gateway",
         "PeerAuthentication",
         "RequestAuthentication",
