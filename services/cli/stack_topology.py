@@ -1,4 +1,5 @@
-"""What the local stack runs: the model service's replica groups (mesh subsets, pinned versions), from a YAML file."""
+"""What the local stack runs: the model service's replica groups (mesh subsets, pinned versions) and the gateway's
+replica count, from a YAML file."""
 
 from __future__ import annotations
 
@@ -35,14 +36,24 @@ class ModelGroup(BaseModel):
     )
 
 
+class GatewayGroup(BaseModel):
+    """The gateway's replicas: each its own process and ports, all endpoints of the mesh's `gateway` service, which
+    the ingress balances across (and stops sending to when one dies)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    replicas: int = Field(1, ge=1, le=MAX_REPLICAS, description="How many gateway processes run.")
+
+
 class StackTopology(BaseModel):
-    """The model replicas of `meshserve up`: a stable group and an optional canary (gateway, feature, cache, the trace
-    store and Envoy always run once)."""
+    """The replicas of `meshserve up`: a stable model group, an optional canary, the gateway's count (feature, cache,
+    Valkey, the trace store and Envoy always run once)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     stable: ModelGroup = Field(description="The subset that takes the bulk of the split (v1).")
     canary: ModelGroup | None = Field(None, description="The subset under trial (v2); none: no canary replicas.")
+    gateway: GatewayGroup = Field(default_factory=GatewayGroup, description="The gateway's replicas.")
 
     @model_validator(mode="after")
     def _distinct_subsets(self) -> Self:
@@ -65,14 +76,18 @@ class StackTopology(BaseModel):
         """The default stack: the `demo_stack.yaml` shipped with the CLI."""
         return cls.load(demo_file())
 
-    def with_counts(self, stable_replicas: int | None = None, canary: bool | None = None) -> StackTopology:
-        """The command line's overrides: the stable group's replica count, and whether the canary runs."""
+    def with_counts(
+        self, stable_replicas: int | None = None, canary: bool | None = None, gateway_replicas: int | None = None
+    ) -> StackTopology:
+        """The command line's overrides: the stable group's replica count, whether the canary runs, the gateway's
+        replica count."""
         stable = self.stable
         if stable_replicas is not None:
             stable = ModelGroup.model_validate({**stable.model_dump(), "replicas": stable_replicas})
         if canary and self.canary is None:
             raise TopologyFileError("the topology has no canary group to run")
-        return StackTopology(stable=stable, canary=self.canary if canary is not False else None)
+        gateway = self.gateway if gateway_replicas is None else GatewayGroup(replicas=gateway_replicas)
+        return StackTopology(stable=stable, canary=self.canary if canary is not False else None, gateway=gateway)
 
 
 def demo_file() -> Traversable:

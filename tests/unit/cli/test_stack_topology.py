@@ -78,3 +78,29 @@ def test_up_refuses_a_topology_whose_ports_clash(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["up", "--topology", str(crowded), "--log-dir", str(tmp_path / "logs")])
     assert result.exit_code == 2 and "layout" in result.output and "port 8101" in result.output
     assert not (tmp_path / "logs").exists()
+
+
+def test_the_gateway_runs_its_replica_count() -> None:
+    demo = StackTopology.demo()
+    assert demo.gateway.replicas == 1
+    assert demo.with_counts(gateway_replicas=2).gateway.replicas == 2
+    assert demo.with_counts(gateway_replicas=2).with_counts(3).gateway.replicas == 2  # other overrides keep it
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        (
+            "stable: {subset: v1}\ngateway: {replicas: 0}\n",
+            "gateway.replicas: Input should be greater than or equal to 1",
+        ),
+        ("stable: {subset: v1}\ngateway: {replicas: 9}\n", "gateway.replicas: Input should be less than or equal to 8"),
+        ("stable: {subset: v1}\ngateway: {replica: 2}\n", "gateway.replica: unknown field"),
+    ],
+)
+def test_a_bad_gateway_group_names_the_field(tmp_path: Path, text: str, fragment: str) -> None:
+    path = tmp_path / "stack.yaml"
+    path.write_text(text)
+    with pytest.raises(TopologyFileError, match="gateway") as info:
+        StackTopology.load(path)
+    assert fragment in str(info.value)
