@@ -17,6 +17,7 @@ from rich.live import Live
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
+from services.cli.connect import Endpoint
 from services.cli.infer import build_request, decode_outputs, input_specs, parameter_value, rows_to_arrays
 from services.cli.traffic import TrafficGenerator
 from services.protos import inference_pb2, inference_pb2_grpc
@@ -165,12 +166,13 @@ async def _worker(
     deadline: float,
     stop: asyncio.Event,
     timeout_s: float,
+    metadata: tuple[tuple[str, str], ...],
 ) -> None:
     while time.monotonic() < deadline and not stop.is_set():
         request = build_request(pipeline, rows_to_arrays([traffic.next()], specs), parameters={"debug": True})
         t0 = time.perf_counter()
         try:
-            response = await stub.ModelInfer(request, timeout=timeout_s)
+            response = await stub.ModelInfer(request, timeout=timeout_s, metadata=metadata)
         except grpc.aio.AioRpcError as e:
             stats.error(e.code().name)
             if e.code() in (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE):
@@ -183,7 +185,7 @@ async def _worker(
 
 
 async def run_demo(
-    address: str = "127.0.0.1:8000",
+    address: str | Endpoint = "127.0.0.1:8000",
     duration_s: float = 20.0,
     concurrency: int = 8,
     pipeline: str = "fraud",
@@ -195,8 +197,12 @@ async def run_demo(
 ) -> DemoSummary:
     """Send synthetic transactions for `duration_s` from `concurrency` workers on one channel; the summary.
 
-    Raises grpc.RpcError when the pipeline's metadata cannot be read (stack down, unknown pipeline).
+    `address` is plaintext without a token, or an Endpoint (TLS, token). Raises grpc.RpcError when the pipeline's
+    metadata cannot be read (stack down, unknown pipeline, no token).
     """
+    endpoint = Endpoint(address) if isinstance(address, str) else address
+    address = endpoint.address
+    metadata = endpoint.metadata()
     console = console or Console()
     live = console.is_terminal if live is None else live
     traffic = TrafficGenerator(seed=seed, repeat=repeat)
@@ -206,14 +212,16 @@ async def run_demo(
     with contextlib.suppress(NotImplementedError, RuntimeError):
         loop.add_signal_handler(signal.SIGINT, stop.set)
     try:
-        async with grpc.aio.insecure_channel(address) as channel:
+        async with endpoint.aio_channel() as channel:
             stub = inference_pb2_grpc.GRPCInferenceServiceStub(channel)
-            metadata = await stub.ModelMetadata(inference_pb2.ModelMetadataRequest(name=pipeline), timeout=timeout_s)
-            specs = input_specs(metadata)
+            model = await stub.ModelMetadata(
+                inference_pb2.ModelMetadataRequest(name=pipeline), timeout=timeout_s, metadata=metadata
+            )
+            specs = input_specs(model)
             stats.started = time.monotonic()
             deadline = stats.started + duration_s
             workers = [
-                asyncio.create_task(_worker(stub, pipeline, specs, traffic, stats, deadline, stop, timeout_s))
+                asyncio.create_task(_worker(stub, pipeline, specs, traffic, stats, deadline, stop, timeout_s, metadata))
                 for _ in range(concurrency)
             ]
             progress = Progress(

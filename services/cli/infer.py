@@ -13,6 +13,7 @@ from typing import Any
 import grpc
 import numpy as np
 
+from services.cli.connect import Endpoint
 from services.common.errors import InvalidArgument
 from services.common.tensor_codec import NUMPY_DTYPES, decode_tensor, encode_raw
 from services.protos import inference_pb2, inference_pb2_grpc
@@ -199,26 +200,38 @@ def dumps(result: dict[str, Any]) -> str:
 
 
 def rpc_error_message(error: grpc.RpcError, address: str) -> str:
-    """'CODE: details', with a hint when nothing listens at the address."""
+    """'CODE: details', with a hint when nothing listens at the address or the ingress wants TLS or a token."""
     code = error.code() if hasattr(error, "code") else None
     details = error.details() if hasattr(error, "details") else str(error)
     message = f"{code.name if code else 'ERROR'}: {details}"
     if code == grpc.StatusCode.UNAVAILABLE and "connect" in (details or "").lower():
-        message += f" (is the stack running at {address}? start it with `meshserve up`)"
+        message += (
+            f" (is the stack running at {address}? start it with `meshserve up`; a secure ingress needs TLS: "
+            "run in the stack's folder, or pass --log-dir, or --ca)"
+        )
+    elif code == grpc.StatusCode.UNAUTHENTICATED:
+        message += " (the ingress wants a token: `meshserve token NAME` prints one; pass it with --token)"
     return message
 
 
 def infer(
-    address: str, pipeline: str, text: str, debug: bool = False, version: str = "", timeout_s: float = 10.0
+    endpoint: Endpoint | str,
+    pipeline: str,
+    text: str,
+    debug: bool = False,
+    version: str = "",
+    timeout_s: float = 10.0,
 ) -> dict[str, Any]:
     """ModelMetadata for the input types, then one ModelInfer; the response as JSON-ready data."""
+    endpoint = Endpoint(endpoint) if isinstance(endpoint, str) else endpoint
     rows = parse_rows(text)
-    with grpc.insecure_channel(address) as channel:
+    metadata = endpoint.metadata()
+    with endpoint.channel() as channel:
         stub = inference_pb2_grpc.GRPCInferenceServiceStub(channel)
-        metadata = stub.ModelMetadata(
-            inference_pb2.ModelMetadataRequest(name=pipeline, version=version), timeout=timeout_s
+        model = stub.ModelMetadata(
+            inference_pb2.ModelMetadataRequest(name=pipeline, version=version), timeout=timeout_s, metadata=metadata
         )
-        arrays = rows_to_arrays(rows, input_specs(metadata))
+        arrays = rows_to_arrays(rows, input_specs(model))
         request = build_request(pipeline, arrays, version, {"debug": True} if debug else None)
-        response = stub.ModelInfer(request, timeout=timeout_s)
+        response = stub.ModelInfer(request, timeout=timeout_s, metadata=metadata)
     return response_json(response)

@@ -1,16 +1,19 @@
-"""The `meshserve` console script: up, infer, demo, status, canary, traces."""
+"""The `meshserve` console script: up, token, infer, demo, status, canary, traces."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 
 from services.traces.cli import app as traces_app
+
+if TYPE_CHECKING:
+    from services.cli.connect import Endpoint
 
 app = typer.Typer(
     name="meshserve",
@@ -29,6 +32,31 @@ PORT_BASE_HELP = (
 Address = Annotated[
     str, typer.Option("--address", "-a", help="Ingress host:port (Envoy; with `up --no-mesh`, the gateway's :8000).")
 ]
+StackDir = Annotated[
+    Path,
+    typer.Option(
+        "--log-dir",
+        help="The --log-dir of `meshserve up`: its stack.json and secrets give the ingress's TLS and token.",
+    ),
+]
+Token = Annotated[
+    str | None, typer.Option(help="Bearer token to send (default: minted from the local stack's key, if secure).")
+]
+CaFile = Annotated[
+    Path | None, typer.Option("--ca", help="Use TLS, trusting this CA certificate (PEM), e.g. a remote stack's.")
+]
+
+
+def _endpoint(
+    address: str, log_dir: Path, token: str | None, ca: Path | None, subject: str = "meshserve-cli"
+) -> Endpoint:
+    from services.cli.connect import ConnectError, resolve
+
+    try:
+        return resolve(address, log_dir, token, ca, subject)
+    except ConnectError as e:
+        err.print(f"[red]connect[/]: {e}", highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
 
 
 @app.command()
@@ -42,13 +70,21 @@ def up(
     log_dir: Annotated[Path, typer.Option(help="Folder for each process's log (and stack.json).")] = Path(".logs"),
     models: Annotated[Path | None, typer.Option(help="Model repository (default: ./models).")] = None,
     pipelines: Annotated[Path | None, typer.Option(help="Pipelines folder (default: the gateway's).")] = None,
-    redis_url: Annotated[str | None, typer.Option(help="Use this Redis instead of an embedded Valkey.")] = None,
+    redis_url: Annotated[
+        str | None, typer.Option(help="Use this Redis instead of running Valkey under the supervisor.")
+    ] = None,
     replicas: Annotated[
         int | None, typer.Option(min=1, max=8, help="Stable (v1) model replicas (default: the topology's).")
     ] = None,
     canary: Annotated[
         bool | None, typer.Option(help="Run the topology's canary (v2) replicas (default: if it has them).")
     ] = None,
+    gateway_replicas: Annotated[
+        int | None, typer.Option(min=1, max=8, help="Gateway replicas behind the mesh (default: the topology's).")
+    ] = None,
+    insecure: Annotated[
+        bool, typer.Option(help="Plaintext ingress without tokens (quick trials, benchmarks); admin RPCs closed.")
+    ] = False,
     mesh: Annotated[
         bool, typer.Option(help="Put Envoy (rendered from istio/) in front of every service, with the ingress.")
     ] = True,
@@ -65,6 +101,8 @@ def up(
     """Run the local stack (Valkey, the topology's model replicas, feature, cache, gateway, Envoy) until Ctrl-C.
 
     The default topology is the demo's: model v1 on two replicas and v2 as canary (services/cli/demo_stack.yaml).
+    The ingress speaks TLS with a certificate of the stack's own CA and wants a token (`meshserve token`); the
+    secrets live in <log-dir>/secrets, made at the first `up` and kept.
     """
     from services.cli.layout import StackLayout
     from services.cli.stack_topology import StackTopology, TopologyFileError
@@ -73,7 +111,7 @@ def up(
 
     try:
         stack = StackTopology.load(topology) if topology is not None else StackTopology.demo()
-        stack = stack.with_counts(replicas, canary)
+        stack = stack.with_counts(replicas, canary, gateway_replicas)
         layout = StackLayout.local(
             port_base,
             gateway_port,
@@ -84,6 +122,10 @@ def up(
             mesh=mesh,
             traces=traces,
             traces_db=log_dir / "traces.sqlite",
+            valkey=redis_url is None,
+            log_dir=log_dir,
+            insecure=insecure,
+            admin_socket=mesh,
         )
     except TopologyFileError as e:
         err.print(f"[red]topology[/]: {e}", highlight=False, soft_wrap=True)
@@ -116,19 +158,23 @@ def infer(
     debug: Annotated[bool, typer.Option(help="Ask for per-stage timings (request parameter debug=true).")] = False,
     version: Annotated[str, typer.Option(help="Model version (empty: the server's choice).")] = "",
     timeout: Annotated[float, typer.Option(help="Seconds per RPC.")] = 10.0,
+    log_dir: StackDir = Path(".logs"),
+    token: Token = None,
+    ca: CaFile = None,
 ) -> None:
     """Send one request; print outputs and response parameters as JSON."""
     import grpc
 
     from services.cli.infer import InputError, dumps, infer, rpc_error_message
 
+    endpoint = _endpoint(address, log_dir, token, ca)
     try:
-        result = infer(address, pipeline, json_, debug=debug, version=version, timeout_s=timeout)
+        result = infer(endpoint, pipeline, json_, debug=debug, version=version, timeout_s=timeout)
     except InputError as e:
         err.print(f"[red]bad input[/]: {e}", highlight=False)
         raise typer.Exit(2) from None
     except grpc.RpcError as e:
-        err.print(f"[red]{pipeline}[/]: {rpc_error_message(e, address)}", highlight=False)
+        err.print(f"[red]{pipeline}[/]: {rpc_error_message(e, address)}", highlight=False, soft_wrap=True)
         raise typer.Exit(1) from None
     print(dumps(result))
 
@@ -143,6 +189,9 @@ def demo(
     repeat: Annotated[float, typer.Option(min=0, max=1, help="Share of requests re-sending an earlier one.")] = 0.3,
     live: Annotated[bool | None, typer.Option(help="Live view (default: when stdout is a terminal).")] = None,
     summary_json: Annotated[Path | None, typer.Option(help="Also write the summary here as JSON.")] = None,
+    log_dir: StackDir = Path(".logs"),
+    token: Token = None,
+    ca: CaFile = None,
 ) -> None:
     """Send synthetic transactions to the fraud pipeline with a live view; print a summary."""
     import grpc
@@ -150,10 +199,11 @@ def demo(
     from services.cli.demo import render, run_demo
     from services.cli.infer import rpc_error_message
 
+    endpoint = _endpoint(address, log_dir, token, ca, subject="demo")
     try:
-        summary = asyncio.run(run_demo(address, duration, concurrency, pipeline, seed, repeat, live=live))
+        summary = asyncio.run(run_demo(endpoint, duration, concurrency, pipeline, seed, repeat, live=live))
     except grpc.RpcError as e:
-        err.print(f"[red]{pipeline}[/]: {rpc_error_message(e, address)}", highlight=False)
+        err.print(f"[red]{pipeline}[/]: {rpc_error_message(e, address)}", highlight=False, soft_wrap=True)
         raise typer.Exit(1) from None
     if not (console.is_terminal if live is None else live):  # the live view already shows the final figures
         console.print(render(summary))
@@ -174,10 +224,38 @@ def status(
     log_dir: Annotated[Path, typer.Option(help="Where `meshserve up` wrote stack.json.")] = Path(".logs"),
     port_base: Annotated[int, typer.Option(help="Without stack.json: the ports of this base.")] = 8000,
 ) -> None:
-    """Health (grpc.health.v1) of each service of the local stack."""
+    """Health of each process of the local stack (grpc.health.v1, Envoy's /ready, Valkey's PING) and its ingress."""
     from services.cli.status import check_all
 
     raise typer.Exit(check_all(log_dir, port_base, console))
+
+
+@app.command()
+def token(
+    client: Annotated[
+        str | None, typer.Argument(help="The client's name: the token's subject (rate limits key on it).")
+    ] = None,
+    operator: Annotated[
+        bool, typer.Option(help="The operator's token (the only one that may load/unload models).")
+    ] = False,
+    ttl: Annotated[str, typer.Option(help="How long it is valid: 30d, 12h, 90m, 45s or seconds.")] = "30d",
+    log_dir: Annotated[
+        Path, typer.Option(help="The --log-dir of `meshserve up` (its secrets/ sign the token).")
+    ] = Path(".logs"),
+) -> None:
+    """Print a JWT for CLIENT (or, with --operator, the operator) that the local stack's ingress accepts."""
+    from services.cli.stack_secrets import SecretsError
+    from services.cli.token import issue
+    from services.common.tokens import TokenError
+
+    try:
+        print(issue(log_dir, client, operator, ttl))
+    except SecretsError as e:
+        err.print(f"[red]token[/]: {e}", highlight=False, soft_wrap=True)
+        raise typer.Exit(1) from None
+    except (ValueError, TokenError) as e:
+        err.print(f"[red]token[/]: {e}", highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
 
 
 app.add_typer(traces_app, name="traces", help="Recent traces from the local store: list, show, hotspots.")

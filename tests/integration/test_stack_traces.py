@@ -12,7 +12,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-import tritonclient.grpc as triton
 
 from services.traces.analysis import assemble, subtree_self_ns
 from services.traces.records import SpanRecord
@@ -31,11 +30,11 @@ pytestmark = [
 def traced_request(stack: Stack, i: int) -> str:
     """One new fraud transaction through the ingress with a sampled W3C traceparent; its trace id."""
     trace_id = secrets.token_hex(16)
-    client = triton.InferenceServerClient(stack.ingress)
+    client = stack.triton()
     result = client.infer(
         "fraud",
         infer_inputs(transaction(i, user=f"traced-{i}-{trace_id[:6]}")),
-        headers={"traceparent": f"00-{trace_id}-{secrets.token_hex(8)}-01"},
+        headers={"traceparent": f"00-{trace_id}-{secrets.token_hex(8)}-01", **stack.headers()},
     )
     assert params(result)["cache"] == "miss"
     return trace_id

