@@ -3,10 +3,11 @@
 from services.mesh.envoy import EnvoyProcess, envoy_binary
 from services.mesh.errors import MeshConfigError
 from services.mesh.local import LocalMesh
-from services.mesh.topology import MeshEndpoint, MeshService, MeshTopology
+from services.mesh.topology import IngressTls, MeshEndpoint, MeshService, MeshTopology
 
 __all__ = [
     "EnvoyProcess",
+    "IngressTls",
     "LocalMesh",
     "MeshConfigError",
     "MeshEndpoint",

@@ -18,7 +18,7 @@ from services.mesh.istio import NOT_APPLICABLE_LOCALLY
 from services.mesh.listeners import route_name
 from services.mesh.loader import IstioConfig, load_istio
 from services.mesh.routes import declared_weights, split_subsets
-from services.mesh.topology import MeshService, MeshTopology
+from services.mesh.topology import MeshService, MeshTopology, unix_path
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +103,9 @@ class LocalMesh:
     def start(self, timeout: float = 10.0) -> None:
         """Render, start Envoy (--disable-hot-restart, log in the work folder), return once /ready is LIVE."""
         self.render()
+        socket = unix_path(self.topology.admin)
+        if socket is not None:  # Envoy binds the admin socket but makes no folder for it; only its owner may enter
+            socket.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         for field, why in NOT_APPLICABLE_LOCALLY.items():
             log.debug("istio field not applicable locally: %s (%s)", field, why)
         self.envoy.start()

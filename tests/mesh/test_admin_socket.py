@@ -24,10 +24,11 @@ def socket_dir() -> Iterator[Path]:
 def test_admin_on_a_unix_socket(make_mesh: MeshFactory, socket_dir: Path) -> None:
     replica = FakeReplica(echo).start()
     try:
-        path = socket_dir / "admin.sock"
+        path = socket_dir / "run" / "admin.sock"  # the mesh makes the folder
         mesh = make_mesh([(replica.address, "v1")], admin=f"unix:{path}")  # start() waits for /ready over it
         mode = path.stat().st_mode
         assert stat.S_ISSOCK(mode) and stat.S_IMODE(mode) == 0o600
+        assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
         assert mesh.admin.ready()
         assert "outbound|grpc|v1|model" in mesh.admin.get("/clusters")
         assert mesh.admin.stat("server.live") == 1
