@@ -147,6 +147,8 @@ async def run_stack(
             endpoint = Endpoint(address, secrets.ca_pem(), secrets.mint("demo")) if secure else Endpoint(address)
             if not await _until_stopped(wait_grpc_serving(endpoint, 30.0), stop, console):
                 return 0 if stop.is_set() else 1
+            if not await _until_stopped(wait_in_rotation(layout, 30.0), stop, console):
+                return 0 if stop.is_set() else 1
             how = "TLS, JWT" if secure else "plaintext, no token"
             notify(f"ingress {address} ({how}) reaches the gateway through Envoy")
         write_state(state_path, layout, specs, redis_url, supervisor, secrets)
@@ -237,6 +239,45 @@ async def wait_grpc_serving(endpoint: Endpoint, timeout_s: float) -> None:
     while not await grpc_health(endpoint.address, root_certificates=endpoint.root_certificates):
         if loop.time() > deadline:
             raise StackError(f"{endpoint.address} not SERVING after {timeout_s:.0f}s")
+        await asyncio.sleep(0.2)
+
+
+def endpoints(layout: StackLayout) -> dict[str, set[str]]:
+    """Per service of the mesh, the addresses of its replicas."""
+    t = layout
+    return {
+        "gateway": {t.address(g.port) for g in t.gateways},
+        "model": {t.address(r.port) for r in t.replicas},
+        "feature": {t.address(t.feature_port)},
+        "cache": {t.address(t.cache_port)},
+    }
+
+
+def out_of_rotation(admin_address: str, expected: dict[str, set[str]]) -> list[str]:
+    """'service address' of every replica that Envoy's active health checks do not (yet) count healthy."""
+    from services.mesh.admin import EnvoyAdmin
+    from services.mesh.hosts import cluster_name
+
+    admin = EnvoyAdmin(admin_address)
+    out = []
+    for service, addresses in expected.items():
+        try:
+            hosts = admin.hosts(cluster_name(service, None))
+        except OSError:
+            hosts = {}
+        out += [f"{service} {a}" for a in sorted(addresses) if hosts.get(a, {}).get("health_flags") != "healthy"]
+    return out
+
+
+async def wait_in_rotation(layout: StackLayout, timeout_s: float) -> None:
+    """Until Envoy counts every replica of every service healthy, so that the ingress and the gateway's calls
+    spread over all of them from the first request; StackError naming the others after `timeout_s`."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    expected = endpoints(layout)
+    while missing := await asyncio.to_thread(out_of_rotation, layout.admin, expected):
+        if loop.time() > deadline:
+            raise StackError(f"not in Envoy's rotation after {timeout_s:.0f}s: {', '.join(missing)}")
         await asyncio.sleep(0.2)
 
 
