@@ -1,7 +1,9 @@
-"""`python -m services.traces`: receive OTLP/gRPC spans into the local SQLite trace store until SIGTERM."""
+"""`python -m services.traces [--ui-port PORT] [--ui-host HOST]`: receive OTLP/gRPC spans into the local SQLite trace
+store until SIGTERM, and serve the trace UI over it when given a UI port (flag or MESHSERVE_TRACES_UI_PORT)."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import logging
 import os
@@ -12,13 +14,17 @@ from services.common.logs import setup_logging
 from services.common.server import GrpcService
 from services.traces.servicer import SERVICE_NAME, TracesServicer
 from services.traces.settings import TracesSettings
+from services.traces.web import TraceUI
 from services.traces.writer import SpanWriter
 
 log = logging.getLogger("services.traces")
 
 
 async def serve(settings: TracesSettings) -> None:
-    """Start the writer and the OTLP/gRPC server; at SIGTERM drain, then write what is queued and stop."""
+    """Start the writer, the UI (with a UI port) and the OTLP/gRPC server; at SIGTERM drain, then write what is
+    queued and stop."""
+    # The UI binds first, so that a taken port fails the start before anything runs.
+    ui = TraceUI(settings.db, settings.ui_host, settings.ui_port) if settings.ui_port is not None else None
     writer = SpanWriter(
         settings.db, settings.max_spans, settings.max_age_s, settings.batch_max_spans, settings.queue_max_spans
     )
@@ -28,19 +34,34 @@ async def serve(settings: TracesSettings) -> None:
 
     async def on_start() -> None:
         log.info("keeping up to %d spans in %s", settings.max_spans, settings.db)
+        if ui is not None:
+            ui.start()
+            log.info("trace UI at %s", ui.url)
 
     async def on_stop() -> None:
+        if ui is not None:
+            await asyncio.to_thread(ui.stop)
         await asyncio.to_thread(writer.close)
         log.info("wrote %d spans, rejected %d", writer.written, writer.rejected)
 
     await service.run(on_start, on_stop)
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> dict[str, object]:
+    """The flags given, as settings fields (flags override the environment)."""
+    parser = argparse.ArgumentParser(prog="python -m services.traces", description=__doc__)
+    parser.add_argument("--ui-port", type=int, help="serve the trace UI on this port (0: a free one)")
+    parser.add_argument("--ui-host", help="address the UI binds (default 127.0.0.1)")
+    args = parser.parse_args(argv)
+    return {k: v for k, v in {"ui_port": args.ui_port, "ui_host": args.ui_host}.items() if v is not None}
+
+
+def main(argv: list[str] | None = None) -> None:
+    overrides = parse_args(argv)
     # The collector never traces itself: with OTEL_EXPORTER_OTLP_ENDPOINT pointing here, it would export its own
     # Export calls to itself, forever.
     os.environ["OTEL_SDK_DISABLED"] = "true"
-    settings = TracesSettings()
+    settings = TracesSettings(**overrides)  # type: ignore[arg-type]
     setup_logging("traces", settings.log_level)
     asyncio.run(serve(settings))
 

@@ -23,6 +23,11 @@ Definitions (times in nanoseconds; a trace's spans may come from clocks of diffe
   counted in full in its own subtree) can make the sum exceed it.
 * The **hotspot** is the stage with the largest share of p99 (ties: larger overall share, then alphabetical);
   it is printed as `hotspot: feature.online_lookup (71% of p99)`, the percentage rounded to an integer.
+* **Slow against typical**: the typical traces are those between the p25 and the p75 (nearest rank, both inclusive)
+  of the traces considered, the slow ones those at or above their p90 and longer than the p75 (so the two never
+  overlap, and many equal durations make no trace slow). Per stage, the mean self time
+  per trace of each group (a trace without the stage counts 0) and the difference, slow minus typical: the stages
+  with the largest differences are where the slow traces' extra time went (`compare`).
 * The **critical path** of a trace walks back from the end of the root: at each span the child that ended last
   (before the cursor) is on the path, the cursor moves to that child's start, and so on; the gaps are the
   span's own time. Each span on the path gets the time it was the critical one (the times add up to the root's
@@ -167,6 +172,13 @@ def is_batch(span: SpanRecord) -> bool:
     return bool(span.links) and (
         BATCH_MEMBERS in span.attributes or any(BATCH_INDEX in link.attributes for link in span.links)
     )
+
+
+def members(span: SpanRecord) -> int:
+    """How many requests a batched call served: its `batch.members`, or its links if more (an exporter's link limit,
+    128 by default in the OTel SDK, may have dropped some links, never members)."""
+    said = span.attributes.get(BATCH_MEMBERS)
+    return max(len(span.links), said if isinstance(said, int) and not isinstance(said, bool) else 0)
 
 
 def free_intervals(node: Node) -> list[tuple[int, int]]:
@@ -371,3 +383,61 @@ def hotspot_line(result: Breakdown) -> str:
     if top is None:
         return "hotspot: none (no traces)"
     return f"hotspot: {top.stage} ({round(top.p99_share * 100)}% of p99)"
+
+
+@dataclass(frozen=True)
+class StageContrast:
+    """One stage's mean self time per trace among the slow traces and among the typical ones."""
+
+    stage: str
+    slow_ns: float
+    typical_ns: float
+
+    @property
+    def delta_ns(self) -> float:
+        return self.slow_ns - self.typical_ns
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Slow traces against typical ones, by stage (see the module docstring), the largest difference first."""
+
+    slow: list[Trace]
+    typical: list[Trace]
+    slow_from_ns: float
+    typical_range_ns: tuple[float, float]
+    stages: list[StageContrast]
+
+    @property
+    def slow_mean_ns(self) -> float:
+        return _mean([t.duration_ns for t in self.slow])
+
+    @property
+    def typical_mean_ns(self) -> float:
+        return _mean([t.duration_ns for t in self.typical])
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def compare(traces: Sequence[Trace], slow_q: float = 90.0) -> Comparison:
+    """The traces at or above their `slow_q` percentile and past the p75 against the typical ones (p25..p75), by
+    stage."""
+    if not traces:
+        return Comparison([], [], 0.0, (0.0, 0.0), [])
+    durations = [t.duration_ns for t in traces]
+    slow_from = percentile(durations, slow_q)
+    lo, hi = percentile(durations, 25), percentile(durations, 75)
+    slow = [t for t in traces if t.duration_ns >= slow_from and t.duration_ns > hi]
+    typical = [t for t in traces if lo <= t.duration_ns <= hi]
+    slow_selfs = [t.stage_self_ns() for t in slow]
+    typical_selfs = [t.stage_self_ns() for t in typical]
+    stages = sorted({stage for selfs in slow_selfs + typical_selfs for stage in selfs})
+
+    def mean_of(stage: str, selfs: list[dict[str, int]]) -> float:
+        return sum(s.get(stage, 0) for s in selfs) / len(selfs) if selfs else 0.0
+
+    contrasts = [StageContrast(st, mean_of(st, slow_selfs), mean_of(st, typical_selfs)) for st in stages]
+    contrasts.sort(key=lambda c: (-c.delta_ns, -c.slow_ns, c.stage))
+    return Comparison(slow, typical, slow_from, (lo, hi), contrasts)

@@ -1,8 +1,8 @@
-"""`meshserve traces`: the typer sub-app (list, show, hotspots) over the local trace store; importing it is inert."""
+"""`meshserve traces`: the typer sub-app (list, show, hotspots, ui) over the local trace store, reading it through the
+queries the UI's JSON API uses (`services.traces.query`); importing it is inert."""
 
 from __future__ import annotations
 
-import re
 import sys
 import time
 from pathlib import Path
@@ -11,28 +11,62 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from services.traces.analysis import Trace, assemble, breakdown, hotspot_line, select
-from services.traces.store import DEFAULT_DB, TraceStore
+from services.traces import query
+from services.traces.analysis import hotspot_line
+from services.traces.store import DEFAULT_DB, TraceFilter, TraceStore
 
 app = typer.Typer(
     name="traces",
-    help="Recent traces from the local trace store (python -m services.traces): list, waterfall, hotspots.",
+    help="Recent traces from the local trace store (python -m services.traces): list, waterfall, hotspots, web UI.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
 )
 
 Db = Annotated[Path, typer.Option("--db", help="The trace store's SQLite file.")]
-UNITS = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+Pipeline = Annotated[str | None, typer.Option("--pipeline", help="Only this pipeline's traces.")]
+Status = Annotated[str | None, typer.Option("--status", help="ok or error.")]
+Degraded = Annotated[bool | None, typer.Option("--degraded/--not-degraded", help="Only degraded (or other) answers.")]
+Trigger = Annotated[str | None, typer.Option("--trigger", help="Kept for this trigger: latency, error, degraded, ...")]
+MinMs = Annotated[float | None, typer.Option("--min-ms", min=0, help="At least this long end to end.")]
+MaxMs = Annotated[float | None, typer.Option("--max-ms", min=0, help="At most this long end to end.")]
+Since = Annotated[str | None, typer.Option("--since", help="Traces started in this window: 30s, 5m, 1h.")]
 
 
 def parse_duration(text: str) -> float:
     """`5m`, `30s`, `1.5h`, `250ms`, `2d` (a bare number is seconds) as seconds."""
-    match = DURATION.match(text)
-    if match is None:
-        raise typer.BadParameter(f"{text!r} is not a duration like 30s, 5m, 1h")
-    return float(match.group(1)) * UNITS[match.group(2) or "s"]
+    try:
+        return query.seconds(text)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+
+def search_filter(
+    pipeline: str | None = None,
+    status: str | None = None,
+    degraded: bool | None = None,
+    trigger: str | None = None,
+    min_ms: float | None = None,
+    max_ms: float | None = None,
+    since: str | None = None,
+    limit: int | None = None,
+    order: str = "recent",
+) -> TraceFilter:
+    """The store search these options ask for (as the UI's search form would)."""
+    if status is not None and status not in ("ok", "error"):
+        raise typer.BadParameter(f"{status!r} is not ok or error", param_hint="--status")
+    since_ns = time.time_ns() - int(parse_duration(since) * 1e9) if since is not None else None
+    return TraceFilter(
+        pipeline=pipeline,
+        error=None if status is None else status == "error",
+        degraded=degraded,
+        trigger=trigger,
+        min_duration_ns=None if min_ms is None else int(min_ms * 1e6),
+        max_duration_ns=None if max_ms is None else int(max_ms * 1e6),
+        since_ns=since_ns,
+        order=order,
+        limit=limit,
+    )
 
 
 def _console() -> Console:
@@ -40,43 +74,47 @@ def _console() -> Console:
     return Console() if sys.stdout.isatty() else Console(width=200)
 
 
+def _missing(db: Path) -> None:
+    Console(stderr=True).print(
+        f"no trace store at {db} (run `python -m services.traces` and point OTEL_EXPORTER_OTLP_ENDPOINT at it)",
+        highlight=False,
+        markup=False,
+    )
+    raise typer.Exit(1)
+
+
 def _open(db: Path) -> TraceStore:
     if not db.exists():
-        Console(stderr=True).print(
-            f"no trace store at {db} (run `python -m services.traces` and point OTEL_EXPORTER_OTLP_ENDPOINT at it)",
-            highlight=False,
-            markup=False,
-        )
-        raise typer.Exit(1)
+        _missing(db)
     return TraceStore(db)
-
-
-def load_traces(store: TraceStore, last: int | None = None, since_s: float | None = None) -> list[Trace]:
-    """The `last` most recent traces (started in the last `since_s` seconds), assembled, oldest first; assembled
-    with the traces of the batched calls that link to their spans, so that members get their share of them."""
-    since_ns = None if since_s is None else time.time_ns() - int(since_s * 1e9)
-    wanted = {r.trace_id for r in store.recent_traces(last, since_ns)}
-    batch_traces = {s.trace_id for s in store.linking_spans(wanted)} - wanted
-    traces = assemble(store.spans(wanted) + store.spans(batch_traces))
-    return select([t for t in traces if t.trace_id in wanted], last, since_ns)
 
 
 @app.command("list")
 def list_(
     db: Db = DEFAULT_DB,
     limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="How many traces.")] = 20,
+    pipeline: Pipeline = None,
+    status: Status = None,
+    degraded: Degraded = None,
+    trigger: Trigger = None,
+    min_ms: MinMs = None,
+    max_ms: MaxMs = None,
+    since: Since = None,
+    slowest: Annotated[bool, typer.Option("--slowest", help="Slowest first instead of newest first.")] = False,
 ) -> None:
-    """Recent traces, newest first: start time, root, duration, span count, status."""
+    """Traces, newest (or slowest) first: start time, root, duration, span count, status and marks."""
     from services.traces.render import trace_list
 
+    what = search_filter(
+        pipeline, status, degraded, trigger, min_ms, max_ms, since, limit, "slowest" if slowest else "recent"
+    )
     with _open(db) as store:
-        rows = store.recent_traces(limit)
-        traces = {t.trace_id: t for t in assemble(store.spans(r.trace_id for r in rows))}
+        found = query.search(store, what)
     console = _console()
-    if not rows:
-        console.print(f"no traces in {db}", highlight=False, markup=False)
+    if not found:
+        console.print(f"no traces in {db} match", highlight=False, markup=False)
         return
-    console.print(trace_list([(r, traces.get(r.trace_id)) for r in rows]))
+    console.print(trace_list([(s.row, s.trace) for s in found]))
 
 
 @app.command()
@@ -89,7 +127,7 @@ def show(
     from services.traces.render import link_lines, waterfall
 
     with _open(db) as store:
-        matches = store.find_traces(trace_id)
+        matches = query.find(store, trace_id)
         if len(matches) != 1:
             Console(stderr=True).print(
                 f"no trace {trace_id}" if not matches else f"{trace_id} matches several: {', '.join(matches)}",
@@ -97,11 +135,13 @@ def show(
                 markup=False,
             )
             raise typer.Exit(1 if not matches else 2)
-        traces = assemble(store.spans(matches))
-        linking = store.linking_spans(matches)
+        found = query.detail(store, matches[0])
+    if found is None:  # evicted between the two reads
+        Console(stderr=True).print(f"no trace {trace_id}", highlight=False, markup=False)
+        raise typer.Exit(1)
     console = _console()
-    console.print(waterfall(traces[0], console.width, linking))
-    lines = link_lines(traces[0], linking)
+    console.print(waterfall(found.trace, console.width, found.linking))
+    lines = link_lines(found.trace, found.linking)
     if lines:
         console.print("links:", highlight=False)
         for line in lines:
@@ -112,23 +152,29 @@ def show(
 def hotspots(
     db: Db = DEFAULT_DB,
     last: Annotated[int | None, typer.Option("--last", min=1, help="The most recent N traces (default 100).")] = None,
-    since: Annotated[str | None, typer.Option("--since", help="Traces started in this window: 30s, 5m, 1h.")] = None,
+    since: Since = None,
     slowest: Annotated[int, typer.Option("--slowest", min=0, help="Critical paths shown (slowest first).")] = 3,
     html: Annotated[Path | None, typer.Option("--html", help="Also write this self-contained HTML page.")] = None,
+    pipeline: Pipeline = None,
+    status: Status = None,
+    degraded: Degraded = None,
+    trigger: Trigger = None,
+    min_ms: MinMs = None,
+    max_ms: MaxMs = None,
 ) -> None:
-    """Per-stage self time p50/p99 and share, critical paths of the slowest traces, and the hotspot line."""
+    """Per-stage self time p50/p99 and share, critical paths of the slowest traces, and the hotspot line (over the
+    traces the filters keep: `--min-ms 40` reads the slow ones alone)."""
     from services.traces.render import critical_paths, stage_table
 
-    since_s = parse_duration(since) if since is not None else None
-    if last is None and since_s is None:
-        last = 100
+    if last is None and since is None:
+        last = query.ANALYSED
+    what = search_filter(pipeline, status, degraded, trigger, min_ms, max_ms, since, last)
     with _open(db) as store:
-        traces = load_traces(store, last, since_s)
+        result = query.hotspots(store, what, slowest)
     console = _console()
-    if not traces:
+    if not result.traces:
         console.print(f"no traces in {db}" + (f" in the last {since}" if since else ""), highlight=False, markup=False)
         raise typer.Exit(1)
-    result = breakdown(traces, slowest)
     console.print(stage_table(result))
     if result.slowest:
         console.print("critical path of the slowest traces:", highlight=False)
@@ -141,3 +187,24 @@ def hotspots(
         html.write_text(report(result), encoding="utf-8")
         console.print(f"wrote {html}", highlight=False, markup=False)
     console.print(hotspot_line(result), highlight=False, markup=False)
+
+
+@app.command()
+def ui(
+    db: Db = DEFAULT_DB,
+    host: Annotated[str, typer.Option("--host", help="Address to bind (loopback by default).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", min=0, max=65535, help="HTTP port (0: a free one).")] = 8091,
+) -> None:
+    """Serve the trace UI (search, waterfall, hotspots) over the store until Ctrl-C; prints its address."""
+    from services.traces.web import TraceUI
+
+    if not db.exists():
+        _missing(db)
+    server = TraceUI(db, host, port)
+    Console().print(f"trace UI at {server.url} (store {db}); Ctrl-C stops", highlight=False, markup=False)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()

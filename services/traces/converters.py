@@ -1,4 +1,5 @@
-"""Conversion of an OTLP ExportTraceServiceRequest into span records with their links (no trace id: dropped)."""
+"""Conversion of an OTLP ExportTraceServiceRequest into span records with their links and events (no trace id:
+dropped)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.trace.v1 import trace_pb2
 
-from services.traces.records import SpanLink, SpanRecord
+from services.traces.records import SpanEvent, SpanLink, SpanRecord
 
 # OTLP times are fixed64 nanoseconds, the store's columns SQLite's signed 64-bit integers: a time past this one
 # (the year 2262) is kept as this one, so that one span from a broken or hostile exporter cannot fail the insert
@@ -48,6 +49,18 @@ def links(span: trace_pb2.Span) -> tuple[SpanLink, ...]:
     )
 
 
+def events(span: trace_pb2.Span) -> tuple[SpanEvent, ...]:
+    """The span's events (an exception, a retry, a log line), in their order."""
+    return tuple(
+        SpanEvent(
+            name=event.name,
+            time_ns=time_ns(event.time_unix_nano),
+            attributes={kv.key: any_value(kv.value) for kv in event.attributes},
+        )
+        for event in span.events
+    )
+
+
 def span_count(request: trace_service_pb2.ExportTraceServiceRequest) -> int:
     """How many spans the request carries (cheap: no conversion)."""
     return sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans)
@@ -79,6 +92,8 @@ def records_from_request(request: trace_service_pb2.ExportTraceServiceRequest) -
                         status=int(span.status.code),
                         attributes={kv.key: any_value(kv.value) for kv in span.attributes},
                         links=links(span),
+                        events=events(span),
+                        status_message=span.status.message,
                     )
                 )
     return records

@@ -1,4 +1,5 @@
-"""The span record kept per span (one row in the store, its links with it), with the OTLP kind and status codes."""
+"""The span record kept per span (one row in the store, its links and events with it), with the OTLP kind and status
+codes."""
 
 from __future__ import annotations
 
@@ -23,6 +24,15 @@ class SpanLink:
 
 
 @dataclass(frozen=True, slots=True)
+class SpanEvent:
+    """An OpenTelemetry span event: its name, time (Unix nanoseconds) and attributes."""
+
+    name: str
+    time_ns: int
+    attributes: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
 class SpanRecord:
     """One finished span: ids as lowercase hex ("" for no parent), times in Unix nanoseconds."""
 
@@ -37,6 +47,8 @@ class SpanRecord:
     status: int = STATUS_UNSET
     attributes: dict[str, Any] = field(default_factory=dict)
     links: tuple[SpanLink, ...] = ()
+    events: tuple[SpanEvent, ...] = ()
+    status_message: str = ""
 
     @property
     def duration_ns(self) -> int:

@@ -9,10 +9,10 @@ from datetime import datetime
 from rich.table import Table
 from rich.text import Text
 
-from services.traces.analysis import Breakdown, Node, PathStep, Trace, is_batch
+from services.traces.analysis import Breakdown, Node, PathStep, Trace, is_batch, members
+from services.traces.marks import code_name
 from services.traces.records import (
     BATCH_INDEX,
-    BATCH_MEMBERS,
     KIND_CLIENT,
     KIND_NAMES,
     KIND_SERVER,
@@ -38,20 +38,38 @@ def clock(ns: int) -> str:
 
 
 def trace_list(rows: Sequence[tuple[TraceRow, Trace | None]]) -> Table:
-    """Recent traces: start, id, root stage and span name, duration, span count, status."""
-    table = Table(title="recent traces", title_justify="left")
+    """Traces: start, id, pipeline, root stage and span name, duration, span count, status and marks (the gRPC code
+    when not OK, degraded, partial or incomplete), the triggers it was kept for."""
+    table = Table(title="traces", title_justify="left")
     table.add_column("start")
     table.add_column("trace id", no_wrap=True)
+    table.add_column("pipeline")
     table.add_column("root")
     table.add_column("ms", justify="right")
     table.add_column("spans", justify="right")
     table.add_column("status")
+    table.add_column("kept for")
     for row, trace in rows:
         root = f"{trace.root.stage} ({trace.root.span.name})" if trace is not None else "?"
-        status = Text("ERROR", style="red") if row.errors else Text("OK", style="green")
-        if trace is not None and not trace.complete:
+        status = Text("ERROR", style="red") if row.error else Text("OK", style="green")
+        if row.code:
+            status.append(f" {code_name(row.code)}", style="red")
+        if row.degraded:
+            status.append(f" degraded:{row.degraded}", style="yellow")
+        if row.partial:
             status.append(" partial", style="yellow")
-        table.add_row(clock(row.start_ns), row.trace_id, root, ms(row.duration_ns), str(row.span_count), status)
+        elif trace is not None and not trace.complete:
+            status.append(" incomplete", style="yellow")
+        table.add_row(
+            clock(row.start_ns),
+            row.trace_id,
+            row.pipeline or "",
+            root,
+            ms(row.duration_ns),
+            str(row.span_count),
+            status,
+            ",".join(row.triggers),
+        )
     return table
 
 
@@ -74,7 +92,7 @@ def waterfall(trace: Trace, total_width: int = 160, linking: Sequence[SpanRecord
     lo, hi = trace.start_ns, trace.end_ns
     title = f"trace {trace.trace_id}  {ms(trace.duration_ns)} ms  {len(trace.nodes)} spans"
     if not trace.complete:
-        title += "  (partial: parent spans missing)"
+        title += "  (incomplete: parent spans missing)"
     rows = list(trace.walk())
     stage_w = min(32, max(5, *(len(n.stage) for n, _ in rows)))
     service_w = min(20, max(7, *(len(n.span.service) for n, _ in rows)))
@@ -108,13 +126,6 @@ def waterfall(trace: Trace, total_width: int = 160, linking: Sequence[SpanRecord
             bar(span.start_ns, span.end_ns, lo, hi, bar_w, "red" if error else "cyan"),
         )
     return table
-
-
-def members(span: SpanRecord) -> int:
-    """How many requests a batched call served: its `batch.members`, or its links if more (an exporter's link limit,
-    128 by default in the OTel SDK, may have dropped some links, never members)."""
-    said = span.attributes.get(BATCH_MEMBERS)
-    return max(len(span.links), said if isinstance(said, int) and not isinstance(said, bool) else 0)
 
 
 def _link_ref(link: SpanLink | SpanRecord) -> str:

@@ -25,6 +25,17 @@ class TracesSettings(ServiceSettings):
         3600.0, ge=0, description="Traces nothing arrived for in this long are evicted, whole (0: no age bound)."
     )
     batch_max_spans: int = Field(5000, ge=1, description="Most spans written in one SQLite transaction.")
+    ui_port: int | None = Field(
+        None,
+        ge=0,
+        le=65535,
+        description="HTTP port of the trace UI and its JSON API (0 picks a free one; unset, the default: no UI).",
+    )
+    ui_host: str = Field(
+        "127.0.0.1",
+        description="Address the UI binds: loopback by default (it shows every kept request's attributes); on a "
+        "loopback address it answers only requests naming a loopback host.",
+    )
     queue_max_spans: int = Field(
         100_000, ge=1, description="Spans waiting to be written; Exports past it are rejected (partial_success)."
     )

@@ -1,4 +1,5 @@
-"""`meshserve traces` list / show / hotspots through typer's CliRunner on a temporary store, batched calls included."""
+"""`meshserve traces` list / show / hotspots / ui through typer's CliRunner on a temporary store, batched calls
+included, with the search filters the UI has."""
 
 from __future__ import annotations
 
@@ -152,3 +153,38 @@ def test_hotspots_of_a_member_count_the_batched_call_it_waited_for(
     assert result.output.strip().splitlines()[-1] == f"hotspot: feature.online_lookup ({round(share * 100)}% of p99)"
     for stage in ("envoy.feature.upstream", "feature.rpc", "gateway.features.batch"):
         assert stage in result.output
+
+
+def test_list_filters_like_the_ui(db: Path) -> None:
+    slow = runner.invoke(app, ["list", "--db", str(db), "--min-ms", "20"])
+    assert slow.exit_code == 0, slow.output
+    assert f"{13:032x}" in slow.output and f"{12:032x}" not in slow.output
+    slowest = runner.invoke(app, ["list", "--db", str(db), "--slowest", "-n", "1"])
+    assert f"{13:032x}" in slowest.output
+    none = runner.invoke(app, ["list", "--db", str(db), "--status", "error"])
+    assert none.exit_code == 0 and "match" in none.output
+    assert runner.invoke(app, ["list", "--db", str(db), "--status", "bad"]).exit_code == 2
+
+
+def test_hotspots_of_the_slow_traces_alone(db: Path) -> None:
+    result = runner.invoke(app, ["hotspots", "--db", str(db), "--min-ms", "20"])
+    assert result.exit_code == 0, result.output
+    assert "1 traces" in result.output
+    assert result.output.strip().splitlines()[-1].startswith("hotspot: feature.online_lookup (")
+
+
+def test_ui_serves_until_interrupted(db: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from services.traces import web
+
+    served: list[str] = []
+
+    def serve_forever(self: web.TraceUI) -> None:
+        served.append(self.url)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(web.TraceUI, "serve_forever", serve_forever)
+    result = runner.invoke(app, ["ui", "--db", str(db), "--port", "0"])
+    assert result.exit_code == 0, result.output
+    assert served and served[0].startswith("http://127.0.0.1:")
+    assert f"trace UI at {served[0]}" in result.output
+    assert runner.invoke(app, ["ui", "--db", str(db.parent / "none.sqlite")]).exit_code == 1

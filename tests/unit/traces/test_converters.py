@@ -1,12 +1,13 @@
-"""OTLP request conversion into span records: ids as hex, the resource's service name, attributes as values, links."""
+"""OTLP request conversion into span records: ids as hex, the resource's service name, attributes as values, links,
+events and the status message."""
 
 from __future__ import annotations
 
 from opentelemetry.proto.common.v1 import common_pb2
 
-from services.traces.converters import any_value, records_from_request, span_count
-from services.traces.records import KIND_SERVER, STATUS_ERROR, SpanLink
-from tests.unit.traces.otlp_requests import pb_link, pb_span, request
+from services.traces.converters import MAX_TIME_NS, any_value, records_from_request, span_count
+from services.traces.records import KIND_SERVER, STATUS_ERROR, SpanEvent, SpanLink
+from tests.unit.traces.otlp_requests import kv, pb_link, pb_span, request
 
 
 def test_records_from_request() -> None:
@@ -58,3 +59,13 @@ def test_any_value_of_every_kind() -> None:
     )
     assert any_value(nested) == {"ids": "01ff", "sizes": [1, "two"]}
     assert any_value(common_pb2.AnyValue()) is None
+
+
+def test_events_and_the_status_message_are_kept() -> None:
+    span = pb_span(7, 1, name="features")
+    span.status.message = "feature service UNAVAILABLE"
+    span.events.add(name="retry", time_unix_nano=1200, attributes=[kv("attempt", 2)])
+    span.events.add(name="exception", time_unix_nano=2**64 - 1)  # past the year 2262: kept as the latest time
+    (record,) = records_from_request(request("gateway", [span]))
+    assert record.status_message == "feature service UNAVAILABLE"
+    assert record.events == (SpanEvent("retry", 1200, {"attempt": 2}), SpanEvent("exception", MAX_TIME_NS, {}))

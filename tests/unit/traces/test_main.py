@@ -1,18 +1,21 @@
 """`services.traces.__main__.serve`: the OTLP receiver and its writer wired into the shared server, in-process on a
-real socket; an exported span is in the SQLite store once SIGTERM has drained it."""
+real socket; an exported span is in the SQLite store once SIGTERM has drained it, and in the trace UI when it runs."""
 
 from __future__ import annotations
 
 import asyncio
+import http.client
+import json
 import os
 import signal
 from pathlib import Path
 
 import grpc
+import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 
-from services.traces.__main__ import serve
+from services.traces.__main__ import parse_args, serve
 from services.traces.settings import TracesSettings
 from services.traces.store import TraceStore
 from tests.helpers.servers import free_port
@@ -45,3 +48,45 @@ async def test_serve_stores_exported_spans_and_writes_the_queue_at_sigterm(tmp_p
         rows = store.recent_traces()
         assert len(rows) == 1
         assert len(store.spans([rows[0].trace_id])) == 2
+
+
+def test_flags_override_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MESHSERVE_TRACES_UI_PORT", "18091")
+    assert TracesSettings().ui_port == 18091
+    assert parse_args([]) == {}
+    overrides = parse_args(["--ui-port", "0", "--ui-host", "::1"])
+    assert overrides == {"ui_port": 0, "ui_host": "::1"}
+    assert TracesSettings(**overrides).ui_port == 0  # type: ignore[arg-type]
+    monkeypatch.delenv("MESHSERVE_TRACES_UI_PORT")
+    assert TracesSettings().ui_port is None  # no UI unless asked for
+
+
+async def test_serve_with_a_ui_port_serves_the_ui_over_the_store(tmp_path: Path) -> None:
+    port, ui_port = free_port(), free_port()
+    db = tmp_path / "traces.sqlite"
+    settings = TracesSettings(host="127.0.0.1", port=port, db=db, grace_period_s=0.5, ui_port=ui_port)
+    task = asyncio.create_task(serve(settings))
+
+    def fetch(path: str) -> tuple[int, bytes]:
+        connection = http.client.HTTPConnection("127.0.0.1", ui_port, timeout=5)
+        connection.request("GET", path)
+        answer = connection.getresponse()
+        return answer.status, answer.read()
+
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        await trace_service_pb2_grpc.TraceServiceStub(channel).Export(
+            request("feature", [pb_span(7, 1), pb_span(7, 2, 1)]), timeout=30, wait_for_ready=True
+        )
+        for _ in range(100):
+            status, body = await asyncio.to_thread(fetch, "/api/traces")
+            if status == 200 and json.loads(body)["total"] == 1:
+                break
+            await asyncio.sleep(0.1)
+        else:
+            raise AssertionError(f"the UI never listed the exported trace: {status} {body[:200]!r}")
+        status, page = await asyncio.to_thread(fetch, "/")
+        assert status == 200 and b"<title>meshserve traces</title>" in page
+        os.kill(os.getpid(), signal.SIGTERM)
+        await asyncio.wait_for(task, timeout=15)
+    with pytest.raises(OSError):
+        await asyncio.to_thread(fetch, "/")  # stopped with the store
