@@ -82,10 +82,11 @@ def make_mesh(tmp_path: Path) -> Iterator[MeshFactory]:
         istio: list[Path] | None = None,
         health_check: HealthCheck | None = FAST_HEALTH,
         otlp: str | None = None,
-        gateway: str | None = None,
+        gateway: str | list[str] | None = None,
         **topology: Any,
     ) -> LocalMesh:
-        """`gateway`: a gateway replica address; it also opens the ingress listener (bound to the Istio Gateway).
+        """`gateway`: the gateway replicas' addresses (or one); it also opens the ingress listener (bound to the
+        Istio Gateway).
 
         `topology`: further MeshTopology fields (ingress_tls, jwks, authenticate, admin).
         """
@@ -97,7 +98,8 @@ def make_mesh(tmp_path: Path) -> Iterator[MeshFactory]:
         }
         if gateway is not None:
             listen = f"127.0.0.1:{free_port()}"
-            services["gateway"] = ServiceTopology(listen=listen, replicas=[Replica(address=gateway)])
+            addresses = [gateway] if isinstance(gateway, str) else gateway
+            services["gateway"] = ServiceTopology(listen=listen, replicas=[Replica(address=a) for a in addresses])
         topology.setdefault("admin", f"127.0.0.1:{free_port()}")
         mesh_topology = Topology(
             services=services,

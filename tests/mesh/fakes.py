@@ -1,4 +1,5 @@
-"""Tiny in-process gRPC replicas for mesh tests: failing, forwarding and metadata-recording servers (no stubs)."""
+"""Tiny in-process gRPC replicas for mesh tests: failing, shedding, forwarding and metadata-recording
+servers (no stubs)."""
 
 from __future__ import annotations
 
@@ -18,10 +19,13 @@ class FakeReplica:
     Requests and responses stay raw bytes; grpc.health.v1 answers `serving` (settable) for the active checks.
     """
 
-    def __init__(self, handle: Callable[[str, bytes, grpc.ServicerContext], bytes], serving: bool = True) -> None:
+    def __init__(
+        self, handle: Callable[[str, bytes, grpc.ServicerContext], bytes], serving: bool = True, workers: int = 8
+    ) -> None:
         self.handle = handle
         self.calls: list[tuple[str, dict[str, str]]] = []
-        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+        # `workers` threads answer calls, health checks included: a test holding calls needs more than it holds
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers))
         self.health = health.HealthServicer()
         self.set_serving(serving)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
@@ -79,3 +83,12 @@ def forward_to(address: str) -> Callable[[str, bytes, grpc.ServicerContext], byt
             context.abort(exc.code(), exc.details() or "")
 
     return handle
+
+
+PUSHBACK_MS = "73"  # not the ingress's own 50: a test tells whose pushback reached the client
+
+
+def shed(method: str, request: bytes, context: grpc.ServicerContext) -> bytes:
+    """Refuses every call as a gateway's admission control does: RESOURCE_EXHAUSTED with a retry hint."""
+    context.set_trailing_metadata((("grpc-retry-pushback-ms", PUSHBACK_MS),))
+    context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "fake gateway: busy")

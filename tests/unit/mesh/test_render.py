@@ -184,6 +184,16 @@ def test_ingress_routes_follow_the_gateway_bound_virtual_service() -> None:
     assert rendered([ISTIO]).routes["outbound_gateway"]["virtual_hosts"][0]["routes"][0]["name"] == "default"
 
 
+def test_the_ingress_passes_a_shed_on_while_internal_hops_retry_it() -> None:
+    (ingress,) = routes_of([ISTIO], "ingress")
+    conditions = ingress["route"]["retry_policy"]["retry_on"].split(",")
+    assert "resource-exhausted" not in conditions  # the gateway's pushback goes to the client
+    assert {"unavailable", "cancelled", "connect-failure"} <= set(conditions)  # a killed or draining replica
+    for service in ("model", "feature"):
+        for route in routes_of([ISTIO], f"outbound_{service}"):
+            assert "resource-exhausted" in route["route"]["retry_policy"]["retry_on"].split(","), route["name"]
+
+
 def test_subset_clusters_load_balancer_pool_and_outlier_detection() -> None:
     v1 = cluster([ISTIO], "outbound|grpc|v1|model")
     v2 = cluster([ISTIO], "outbound|grpc|v2|model")
