@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 import math
+import statistics
 import time
 from dataclasses import dataclass, field
 
@@ -78,8 +79,7 @@ class GradientLimit:
         self._decay = 2.0 / (long_window / window + 1)
         self._rise = self._decay / rise_slowdown
         self.long_rtt = 0.0
-        self._sum = 0.0
-        self._count = 0
+        self._window: list[float] = []
         self._max_inflight = 0
 
     @property
@@ -87,15 +87,18 @@ class GradientLimit:
         return int(self.limit)
 
     def on_sample(self, rtt_s: float, inflight: int) -> None:
-        self._sum += rtt_s
-        self._count += 1
+        """A whole answer's latency. A window's latency is its median, not its mean: queueing delays every request,
+        while a sick replica or a stopped dependency delays only the share of requests it serves, which is a
+        matter for retries and degradation, not a reason to refuse the healthy rest."""
+        self._window.append(rtt_s)
         self._max_inflight = max(self._max_inflight, inflight)
-        if self._count >= self.window:
-            self._update(self._sum / self._count, self._max_inflight)
-            self._sum, self._count, self._max_inflight = 0.0, 0, 0
+        if len(self._window) >= self.window:
+            self._update(statistics.median(self._window), self._max_inflight)
+            self._window.clear()
+            self._max_inflight = 0
 
     def on_drop(self) -> None:
-        """A downstream overload or timeout: back off at once (multiplicative decrease)."""
+        """A downstream overload or the caller's deadline passing: back off at once (multiplicative decrease)."""
         self.limit = max(float(self.min_limit), self.limit * 0.9)
 
     def _update(self, short_rtt: float, inflight: int) -> None:

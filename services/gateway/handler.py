@@ -20,6 +20,7 @@ from services.common.server import Lifecycle
 from services.gateway import metrics
 from services.gateway.admission import Admission, Permit
 from services.gateway.converters import PIPELINE_VERSION
+from services.gateway.degradation import MODEL_FAILURES
 from services.gateway.domain import Answer, OutputSpec, PipelineRequest, PipelineResponse
 from services.gateway.forwarding import Forwarder
 from services.gateway.inputs import check_inputs
@@ -34,6 +35,7 @@ from services.gateway.versions import ServingVersions, VersionRefresher
 log = logging.getLogger(__name__)
 # Errors that say the pipeline's upstreams are overloaded: the adaptive limit backs off at once.
 _DROPS = (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.DEADLINE_EXCEEDED)
+OVERLOAD_CAUSES = frozenset({MODEL_FAILURES[grpc.StatusCode.RESOURCE_EXHAUSTED]})  # degraded causes that are load
 
 
 class GatewayHandler:
@@ -179,11 +181,16 @@ class GatewayHandler:
             deadline = Deadline(spec.timeouts.total_ms / 1000.0, caller_remaining_s)
             answer = await self.runners[spec.name].run(inputs, rows, deadline, headers)
             cache = answer.cache
-            permit.release(sample=answer.cache != "hit", dropped=answer.degraded is not None)
+            # Only whole answers that did work are latency samples: a hit or a fast degraded answer (Redis down) is
+            # not the pipeline's latency, and would pull the baseline down. Only an overloaded dependency is a
+            # drop: a dependency that is down or stopped is what degradation answers for, not a reason to refuse.
+            whole = answer.degraded is None
+            overloaded = not whole and answer.degraded.split(":", 1)[0] in OVERLOAD_CAUSES
+            permit.release(sample=answer.cache != "hit" and whole, dropped=overloaded)
             return answer
         except MeshserveError as exc:
             code = exc.code.name
-            permit.release(dropped=exc.code in _DROPS)
+            permit.release(sample=False, dropped=exc.code in _DROPS)
             self.stats.failed(spec.name, time.perf_counter() - start)
             raise
         except BaseException:

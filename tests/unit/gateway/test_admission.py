@@ -113,3 +113,13 @@ def test_priority_parameter(value: str | int | None, expected: Priority) -> None
 def test_a_bad_priority_is_invalid_argument() -> None:
     with pytest.raises(InvalidArgument, match="high, normal or low"):
         parse_priority("urgent")
+
+
+def test_a_slow_minority_does_not_shrink_the_limit() -> None:
+    """A third of the answers held 2 s by a stopped replica is not queueing: the median stays put, the limit too."""
+    limit = GradientLimit(initial=64, min_limit=16, max_limit=64, window=16)
+    for _ in range(800):
+        limit.on_sample(0.010, inflight=64)
+    for i in range(1600):
+        limit.on_sample(2.0 if i % 3 == 0 else 0.010, inflight=64)
+    assert limit.value == 64

@@ -31,7 +31,7 @@ from services.gateway.settings import GatewaySettings
 from services.protos import inference_pb2 as pb
 from services.protos import inference_pb2_grpc as pb_grpc
 from tests.helpers.inprocess import serving_in_process
-from tests.unit.gateway.fakes import FakeModel, fake_upstreams, inputs, pipeline_document, scores
+from tests.unit.gateway.fakes import FakeFeatures, FakeModel, fake_upstreams, inputs, pipeline_document, scores
 
 
 def sample(metric: Counter, **labels: str) -> float:
@@ -259,3 +259,36 @@ async def test_inputs_with_zero_rows_are_invalid_argument(stub: pb_grpc.GRPCInfe
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await stub.ModelInfer(infer_request(rows=0), timeout=5)
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "no rows" in info.value.details()
+
+
+async def test_degraded_answers_are_neither_samples_nor_drops_unless_the_cause_is_overload(tmp_path: Path) -> None:
+    """A dependency that is down (features unavailable) makes degraded answers, not a reason to refuse callers:
+    the pipeline's adaptive limit stays where it was; an overloaded model is a drop."""
+    document = pipeline_document(admission={"max_inflight": 32, "adaptive": True})
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(document))
+    settings = GatewaySettings(
+        host="127.0.0.1", port=0, metrics_port=0, pipelines_dir=tmp_path, near_cache_watched_ttl_s=0.0
+    )
+    lifecycle = Lifecycle()
+    lifecycle.ready = True
+    handler = GatewayHandler(settings, lifecycle, fake_upstreams([]))
+    await handler.refresher.refresh()
+    try:
+        features: FakeFeatures = handler.up.feature  # type: ignore[assignment]
+        model: FakeModel = handler.up.model  # type: ignore[assignment]
+        limit = handler.admission.pool("p").limit
+        assert limit is not None
+        before = limit.value
+        features.error = Unavailable("feature service: down")
+        for i in range(40):
+            answer = await handler.infer(PipelineRequest(pipeline="p", inputs=inputs(1, f"u{i}")), None, ())
+            assert answer.degraded == "features_unavailable:default"
+        assert limit.value == before
+        features.error = None
+        model.errors[("m", "")] = ResourceExhausted("model 'm': queue full")
+        model.errors[("m", "2")] = ResourceExhausted("model 'm': queue full")
+        answer = await handler.infer(PipelineRequest(pipeline="p", inputs=inputs(1, "busy")), None, ())
+        assert answer.degraded == "model_overloaded:default"
+        assert limit.value < before
+    finally:
+        await handler.close()
