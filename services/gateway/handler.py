@@ -185,7 +185,7 @@ class GatewayHandler:
             # not the pipeline's latency, and would pull the baseline down. Only an overloaded dependency is a
             # drop: a dependency that is down or stopped is what degradation answers for, not a reason to refuse.
             whole = answer.degraded is None
-            overloaded = not whole and answer.degraded.split(":", 1)[0] in OVERLOAD_CAUSES
+            overloaded = answer.degraded is not None and answer.degraded.split(":", 1)[0] in OVERLOAD_CAUSES
             permit.release(sample=answer.cache != "hit" and whole, dropped=overloaded)
             return answer
         except MeshserveError as exc:
