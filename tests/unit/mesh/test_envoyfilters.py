@@ -70,8 +70,8 @@ def test_istio_folder_patches_the_ingress_only() -> None:
     assert hcm["common_http_protocol_options"] == {"idle_timeout": "60s"}
     (early,) = hcm["early_header_mutation_extensions"]
     assert early["typed_config"]["mutations"] == [{"remove": "x-meshserve-subject"}]  # before jwt_authn writes it
-    (mapper,) = hcm["local_reply_config"]["mappers"]
-    assert mapper["filter"]["status_code_filter"]["comparison"]["value"]["default_value"] == 429
+    rate_limited = mapper_of(hcm, "status_code_filter")
+    assert rate_limited["filter"]["status_code_filter"]["comparison"]["value"]["default_value"] == 429
     ratelimit = next(f for f in hcm["http_filters"] if f["name"] == "envoy.filters.http.local_ratelimit")
     config = ratelimit["typed_config"]
     assert config["rate_limited_as_resource_exhausted"] is True
@@ -92,9 +92,40 @@ def test_variants_replace_the_envoy_filter_of_the_same_name() -> None:
     tiny = ingress_hcm([ISTIO, ISTIO / "variants" / "ingress-ratelimit-tiny.yaml"])
     ratelimit = next(f for f in tiny["http_filters"] if f["name"] == "envoy.filters.http.local_ratelimit")
     assert ratelimit["typed_config"]["descriptors"][0]["token_bucket"]["max_tokens"] == 3
-    assert len(tiny["local_reply_config"]["mappers"]) == 1  # replaced, not added to
+    mappers = len(ingress_hcm([ISTIO])["local_reply_config"]["mappers"])
+    assert len(tiny["local_reply_config"]["mappers"]) == mappers  # replaced, not added to
     short = ingress_hcm([ISTIO, ISTIO / "variants" / "ingress-timeouts-short.yaml"])
     assert short["stream_idle_timeout"] == "1s" and short["common_http_protocol_options"] == {"idle_timeout": "1s"}
+
+
+def mapper_of(hcm: dict[str, Any], kind: str, flag: str | None = None) -> dict[str, Any]:
+    """The one local reply mapper whose filter is of `kind` (and, for response flags, names `flag`)."""
+    found = [
+        m
+        for m in hcm["local_reply_config"]["mappers"]
+        if kind in m["filter"] and (flag is None or flag in m["filter"][kind]["flags"])
+    ]
+    assert len(found) == 1, hcm["local_reply_config"]
+    return found[0]
+
+
+def added(mapper: dict[str, Any]) -> dict[str, str]:
+    return {h["header"]["key"]: h["header"]["value"] for h in mapper["headers_to_add"]}
+
+
+def test_a_gateway_overflow_is_a_resource_exhausted_with_pushback() -> None:
+    istio = load_istio([ISTIO])
+    rendered = render(istio, topology(), Path("/tmp/routes"))
+    overflow = mapper_of(hcm_of(rendered.bootstrap["static_resources"]["listeners"][0]), "response_flag_filter", "UO")
+    headers = added(overflow)
+    assert headers["grpc-status"] == "8"  # RESOURCE_EXHAUSTED, not the UNAVAILABLE of Envoy's 503
+    message = overflow["body"]["inline_string"]
+    assert f"retry after {headers['grpc-retry-pushback-ms']} ms" in message
+    (gateway,) = [dr for dr in istio.destination_rules if dr.spec.host == "gateway"]
+    assert gateway.spec.traffic_policy is not None and gateway.spec.traffic_policy.connection_pool is not None
+    http = gateway.spec.traffic_policy.connection_pool.http
+    assert http is not None
+    assert f"has {http.http2_max_requests} requests in flight" in message  # the number the DestinationRule sets
 
 
 def test_an_http_filter_is_inserted_before_the_named_one(write_yaml) -> None:

@@ -194,6 +194,13 @@ def test_the_ingress_passes_a_shed_on_while_internal_hops_retry_it() -> None:
             assert "resource-exhausted" in route["route"]["retry_policy"]["retry_on"].split(","), route["name"]
 
 
+def test_the_gateway_service_bounds_its_requests_in_flight() -> None:
+    for name in ("outbound|grpc||gateway", "outbound|grpc|v1|gateway"):
+        (thresholds,) = cluster([ISTIO], name)["circuit_breakers"]["thresholds"]
+        assert thresholds["max_requests"] == 64, name  # Envoy's overflow beyond it: RESOURCE_EXHAUSTED, see below
+        assert thresholds["max_pending_requests"] == 64, name
+
+
 def test_subset_clusters_load_balancer_pool_and_outlier_detection() -> None:
     v1 = cluster([ISTIO], "outbound|grpc|v1|model")
     v2 = cluster([ISTIO], "outbound|grpc|v2|model")
