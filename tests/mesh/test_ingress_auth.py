@@ -61,6 +61,8 @@ def test_tokens_decide_who_gets_in(make_mesh: MeshFactory, gateway: FakeReplica,
         "expired": code_of(mesh, INFER, [expired]),
         "wrong key": code_of(mesh, INFER, [other.bearer("alice")]),
         "wrong issuer": code_of(mesh, INFER, [issuer.bearer("alice", issuer="https://elsewhere")]),
+        "wrong audience": code_of(mesh, INFER, [issuer.bearer("alice", audience="another-service")]),
+        "wrong audience, admin": code_of(mesh, UNLOAD, [issuer.bearer(OPERATOR, audience="another-service")]),
         "no token, admin": code_of(mesh, UNLOAD, []),
     }
     assert refused == {case: grpc.StatusCode.UNAUTHENTICATED for case in refused}

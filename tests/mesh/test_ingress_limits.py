@@ -90,7 +90,11 @@ def test_a_headers_only_stream_is_reset(make_mesh: MeshFactory, gateway: FakeRep
             channel.stream_unary(INFER)(nothing(), metadata=[issuer.bearer("alice")], timeout=10)
         elapsed = time.monotonic() - started
         release.set()
-    assert failed.value.code() != grpc.StatusCode.DEADLINE_EXCEEDED and elapsed < 4, (failed.value, elapsed)
+    assert elapsed < 4, (failed.value, elapsed)  # the ingress's 1 s, not this call's own 10 s deadline
+    assert failed.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED, failed.value  # not UNKNOWN "stream timeout"
+    assert failed.value.details() == (
+        "meshserve ingress: nothing sent or received on this call for 1 s (the ingress's stream idle timeout)"
+    )
     assert mesh.admin.stat("http.ingress.downstream_rq_idle_timeout") == 1
 
 

@@ -96,6 +96,8 @@ def test_variants_replace_the_envoy_filter_of_the_same_name() -> None:
     assert len(tiny["local_reply_config"]["mappers"]) == mappers  # replaced, not added to
     short = ingress_hcm([ISTIO, ISTIO / "variants" / "ingress-timeouts-short.yaml"])
     assert short["stream_idle_timeout"] == "1s" and short["common_http_protocol_options"] == {"idle_timeout": "1s"}
+    assert len(short["local_reply_config"]["mappers"]) == mappers
+    assert "for 1 s" in mapper_of(short, "response_flag_filter", "SI")["body"]["inline_string"]
 
 
 def mapper_of(hcm: dict[str, Any], kind: str, flag: str | None = None) -> dict[str, Any]:
@@ -126,6 +128,20 @@ def test_a_gateway_overflow_is_a_resource_exhausted_with_pushback() -> None:
     http = gateway.spec.traffic_policy.connection_pool.http
     assert http is not None
     assert f"has {http.http2_max_requests} requests in flight" in message  # the number the DestinationRule sets
+
+
+def test_a_stream_idle_timeout_is_a_deadline_exceeded() -> None:
+    hcm = ingress_hcm([ISTIO])
+    idle = mapper_of(hcm, "response_flag_filter", "SI")
+    assert added(idle) == {"grpc-status": "4"}  # not the UNKNOWN of Envoy's 408
+    assert f"for {hcm['stream_idle_timeout'].rstrip('s')} s" in idle["body"]["inline_string"]
+
+
+def test_a_token_for_another_audience_is_unauthenticated() -> None:
+    audience = mapper_of(ingress_hcm([ISTIO]), "extension_filter")
+    expression = audience["filter"]["extension_filter"]["typed_config"]["expression"]
+    assert "403" in expression and "jwt_authn_access_denied" in expression  # jwt_authn's 403 only, never RBAC's
+    assert audience["status_code"] == 401 and "body" not in audience  # jwt_authn's own message stays
 
 
 def test_an_http_filter_is_inserted_before_the_named_one(write_yaml) -> None:
