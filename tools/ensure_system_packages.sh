@@ -5,10 +5,14 @@
 #   prometheus: promtool, for `promtool check rules` / `promtool test rules` on the alerts
 #               (tests/manifests/test_observability_rules.py). The package also ships the Prometheus
 #               server; where systemd runs, its service is stopped and disabled again right away.
+#   chromium, chromium-driver: headless Chromium and its WebDriver, for the trace UI's browser test
+#               (tests/integration/test_trace_ui.py, driven by selenium).
 set -u
 missing=()
 ldconfig -p 2>/dev/null | grep -q 'libb64\.so' || missing+=(libb64-0d)
 command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
 [ ${#missing[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null 2>&1; then
   echo "note: ${missing[*]} missing and cannot be installed here; tests that need it will skip"

@@ -404,7 +404,8 @@
     const compare = el("section", { class: "panel" },
       el("h3", { text: "Slow against typical traces, by stage (mean self time per trace)" }),
       el("p", { class: "muted" },
-        `slow: ${c.slow.traces} traces at or above p90 (${ms(c.slow.from_ms)} ms), mean ${ms(c.slow.mean_ms)} ms; ` +
+        `slow: ${c.slow.traces} traces at or above p90 (${ms(c.slow.from_ms)} ms) and past p75, ` +
+        `mean ${ms(c.slow.mean_ms)} ms; ` +
         `typical: ${c.typical.traces} traces from p25 to p75 (${ms(c.typical.from_ms)}–${ms(c.typical.to_ms)} ms), ` +
         `mean ${ms(c.typical.mean_ms)} ms`),
       el("table", { id: "comparison", class: "list" },
@@ -427,8 +428,12 @@
   async function render() {
     const mine = ++generation;
     const { parts, params } = route();
-    document.getElementById("nav-traces").classList.toggle("active", parts[0] !== "hotspots");
-    document.getElementById("nav-hotspots").classList.toggle("active", parts[0] === "hotspots");
+    const search = currentSearch().toString();
+    for (const where of ["traces", "hotspots"]) {  // both views of the same search
+      const link = document.getElementById(`nav-${where}`);
+      link.classList.toggle("active", (parts[0] === "hotspots") === (where === "hotspots"));
+      link.setAttribute("href", `#/${where}` + (search ? `?${search}` : ""));
+    }
     showError("");
     view.classList.add("loading");
     try {
