@@ -3,17 +3,22 @@ pushback, and past the gateway service's bound on requests in flight Envoy refus
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import pytest
 
 from services.mesh import LocalMesh
 from services.mesh.loader import load_istio
-from tests.mesh.conftest import ISTIO, MeshFactory
+from tests.mesh.conftest import ISTIO, ROOT, MeshFactory
 from tests.mesh.credentials import Issuer
 from tests.mesh.fakes import INFER, PUSHBACK_MS, FakeReplica, Hold, echo, shed, unavailable
 
@@ -126,3 +131,40 @@ def test_past_the_in_flight_bound_the_ingress_refuses_at_once_with_pushback(
         assert mesh.admin.stat(f"cluster.{GATEWAY}.upstream_rq_active_overflow") == len(refused)
         call(b"", metadata=metadata, timeout=5)  # room again: calls pass
     assert tries(slow) == bound + 1
+
+
+HOLDING_SERVER = """
+import sys, threading, grpc
+from concurrent.futures import ThreadPoolExecutor
+from tests.mesh.fakes import FakeReplica, Hold
+fake = FakeReplica(Hold(), workers=16).start()
+print(fake.address, flush=True)
+threading.Event().wait()
+"""
+
+
+def test_calls_on_a_gateway_killed_under_them_are_retried_on_another(
+    make_mesh: MeshFactory, fakes: list[FakeReplica], issuer: Issuer
+) -> None:
+    """A gateway replica SIGKILLed with calls in flight: its connection is reset under them, before any answer, and
+    the ingress retries them on the other replica (retryOn reset), so the callers never see the death."""
+    doomed = subprocess.Popen(
+        [sys.executable, "-c", HOLDING_SERVER], cwd=ROOT, stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        assert doomed.stdout is not None
+        doomed_address = doomed.stdout.readline().strip()
+        live = start(fakes, FakeReplica(echo))
+        mesh = make_mesh([], gateway=[doomed_address, live.address], jwks=issuer.topology_jwks, health_check=None)
+        with grpc.insecure_channel(ingress(mesh)) as channel, ThreadPoolExecutor(8) as pool:
+            call = channel.unary_unary(INFER)
+            futures = [pool.submit(call, b"", metadata=[issuer.bearer("alice")], timeout=10) for _ in range(8)]
+            time.sleep(1.0)  # the live replica answers its share at once; least-request balancing holds the rest
+            held = 8 - sum(f.done() for f in futures)
+            assert held >= 1, [f.exception() or f.result() for f in futures if f.done()]
+            os.kill(doomed.pid, signal.SIGKILL)
+            assert [f.result() for f in futures] == [b""] * 8  # every call answered, the held ones by a retry
+        assert mesh.admin.stat(f"cluster.{GATEWAY}.upstream_rq_retry") >= held
+    finally:
+        doomed.kill()
+        doomed.wait()
