@@ -11,6 +11,7 @@ from services.cache.settings import CacheSettings
 from services.common.embedded import redis_url_or_embedded
 from services.common.logs import setup_logging
 from services.common.operator import OperatorCheck
+from services.common.redis import redact
 from services.common.server import GrpcService
 from services.protos import cache_pb2_grpc
 
@@ -38,7 +39,7 @@ async def serve(settings: CacheSettings) -> None:
 
         async def on_start() -> None:
             if not await handler.ping():
-                log.warning("redis at %s does not answer; serving from L1 only until it does", url)
+                log.warning("redis at %s does not answer; serving from L1 only until it does", redact(url))
 
         await service.run(on_start, handler.close)
 

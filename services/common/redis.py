@@ -7,6 +7,8 @@ service serves defaults); a retry would only spend the budget on a server that j
 
 from __future__ import annotations
 
+import re
+
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
@@ -27,3 +29,8 @@ def connect(url: str, *, max_connections: int, command_timeout_s: float) -> aior
         retry=Retry(NoBackoff(), 0),
     )
     return aioredis.Redis(connection_pool=pool)
+
+
+def redact(url: str) -> str:
+    """The URL without its password, for logs (redis://user:secret@host -> redis://user:***@host)."""
+    return re.sub(r"//([^:@/]*):[^@/]*@", r"//\1:***@", url)

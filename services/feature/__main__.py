@@ -8,6 +8,7 @@ import logging
 from services.common.embedded import redis_url_or_embedded
 from services.common.logs import setup_logging
 from services.common.operator import OperatorCheck
+from services.common.redis import redact
 from services.common.server import GrpcService
 from services.feature.handler import FeatureHandler
 from services.feature.servicer import OPERATOR_RPCS, SERVICE_NAME, FeatureServicer
@@ -36,7 +37,7 @@ async def serve(settings: FeatureSettings) -> None:
 
         async def on_start() -> None:
             if not await handler.store.prepare():
-                log.warning("redis at %s does not answer; aggregates take their defaults until it does", url)
+                log.warning("redis at %s does not answer; aggregates take their defaults until it does", redact(url))
 
         await service.run(on_start, handler.close)
 
