@@ -7,6 +7,7 @@ MESHSERVE_TRACE_UI_SCREENSHOT to a path to keep it: docs/trace-ui.png is the REA
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -225,3 +226,143 @@ def test_the_browser_finds_the_slow_feature_stage_in_the_waterfall(
 
     problems = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
     assert not problems, problems
+
+
+@pytest.fixture(scope="module")
+def marked_ui(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The UI in-process over a store of synthetic traces carrying every mark (triggers, partial, degraded, an
+    error with its code and message, events, hostile text), and three requests batched into one feature call."""
+    from services.traces.records import STATUS_ERROR, SpanEvent
+    from services.traces.store import TraceStore
+    from services.traces.web import TraceUI
+    from tests.unit.traces.synthetic import batched, pipeline
+
+    db = tmp_path_factory.mktemp("marked") / "traces.sqlite"
+    base = time.time_ns() - 60 * 10**9
+    marks: dict[int, dict[str, object]] = {
+        0: {"meshserve.trigger": "latency"},
+        2: {"meshserve.trigger": "degraded", "meshserve.degraded": "features_degraded"},
+        3: {"meshserve.trigger": "latency", "meshserve.partial": True},
+        4: {"meshserve.trigger": "error", "rpc.grpc.status_code": 14},
+        5: {"note": HOSTILE},
+    }
+    with TraceStore(db) as store:
+        for i in range(8):
+            spans = pipeline(i, online_ms=30.0 if i in (0, 3) else 1.0, base_ns=base)
+            root = spans[0]
+            spans[0] = dataclasses.replace(root, attributes={**root.attributes, **marks.get(i, {})})
+            if i == 1:  # a service's own trigger, on its span
+                spans[-1] = dataclasses.replace(spans[-1], attributes={"meshserve.trigger": "queue_wait"})
+            if i == 4:
+                spans[3] = dataclasses.replace(spans[3], status=STATUS_ERROR, status_message="feature service down")
+            if i == 5:
+                events = (
+                    SpanEvent("admitted", root.start_ns + 100_000, {"inflight": 3}),
+                    SpanEvent("exception", root.start_ns + 200_000, {"exception.message": HOSTILE}),
+                )
+                spans[0] = dataclasses.replace(spans[0], events=events)
+            store.insert(spans)
+        for member in batched(members=3, online_ms=4.0, base_ns=base + 30 * 10**9):
+            store.insert(member)
+    server = TraceUI(db, "127.0.0.1", 0)
+    server.start()
+    yield server.url
+    server.stop()
+
+
+HOSTILE = '<img src=x onerror="window.pwned=1"><script>window.pwned=2</script>'
+
+
+def listed(browser: Any) -> list[int]:
+    from selenium.webdriver.common.by import By
+
+    rows = browser.find_elements(By.CSS_SELECTOR, "#trace-list tr.trace-row")
+    return sorted(int(r.get_attribute("data-trace-id"), 16) for r in rows)
+
+
+def badges(browser: Any, trace: int) -> list[str]:
+    from selenium.webdriver.common.by import By
+
+    row = browser.find_element(By.CSS_SELECTOR, f'#trace-list tr[data-trace-id="{trace:032x}"]')
+    return [b.text for b in row.find_elements(By.CSS_SELECTOR, ".badge")]
+
+
+def test_the_search_filters_on_every_mark_and_shows_it(marked_ui: str, browser: Any) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    navigate(browser, lambda: browser.get(marked_ui + "#/traces?trigger=latency"))
+    assert listed(browser) == [0, 3]
+    assert badges(browser, 0) == ["OK", "latency"] and badges(browser, 3) == ["OK", "partial", "latency"]
+    assert Select(browser.find_element(By.NAME, "trigger")).first_selected_option.text == "latency"
+
+    # A service's own trigger is offered too, and found through the form.
+    triggers = [o.text for o in Select(browser.find_element(By.NAME, "trigger")).options]
+    assert {"latency", "error", "degraded", "sampled", "baseline", "queue_wait"} <= set(triggers)
+    Select(browser.find_element(By.NAME, "trigger")).select_by_value("queue_wait")
+    navigate(browser, lambda: browser.find_element(By.ID, "search-go").click())
+    assert listed(browser) == [1]
+
+    for search, expected, badge in [
+        ("partial=yes", [3], "partial"),
+        ("degraded=yes", [2], "degraded: features_degraded"),
+        ("status=error", [4], "UNAVAILABLE"),
+        ("min_ms=25&order=slowest", [0, 3], "OK"),
+    ]:
+        navigate(browser, lambda search=search: browser.get(f"{marked_ui}#/traces?{search}"))
+        assert listed(browser) == expected, search
+        assert badge in badges(browser, expected[0]), (search, badges(browser, expected[0]))
+    navigate(browser, lambda: browser.get(f"{marked_ui}#/traces?partial=no&degraded=no&status=ok&trigger=latency"))
+    assert listed(browser) == [0]
+
+
+def test_a_span_shows_events_errors_and_hostile_text_as_text(marked_ui: str, browser: Any) -> None:
+    from selenium.webdriver.common.by import By
+
+    navigate(browser, lambda: browser.get(f"{marked_ui}#/trace/{5:032x}"))
+    root = browser.find_element(By.CSS_SELECTOR, "#waterfall .wf-row[data-span-id]")
+    assert "◆2" in root.text
+    root.click()
+    detail = browser.find_element(By.CSS_SELECTOR, "#waterfall .wf-detail")
+    assert "events (2)" in detail.text.lower() and "admitted" in detail.text and "exception" in detail.text
+    assert HOSTILE in detail.text  # shown as the text it is
+    assert browser.execute_script(
+        "return [window.pwned, document.querySelectorAll('img, script:not([src])').length]"
+    ) == [
+        None,
+        0,
+    ]
+
+    navigate(browser, lambda: browser.get(f"{marked_ui}#/trace/{4:032x}"))
+    assert "UNAVAILABLE" in browser.find_element(By.CSS_SELECTOR, ".trace-head").text
+    failed = browser.find_element(By.CSS_SELECTOR, "#waterfall .wf-row.is-error")
+    failed.click()
+    assert "status ERROR: feature service down" in browser.find_element(By.CSS_SELECTOR, ".wf-detail").text
+
+
+def test_a_batched_member_leads_to_the_shared_call_and_back(marked_ui: str, browser: Any) -> None:
+    from selenium.webdriver.common.by import By
+
+    first, second = f"{0xBA7C4:032x}", f"{0xBA7C5:032x}"
+    navigate(browser, lambda: browser.get(f"{marked_ui}#/trace/{second}"))
+    (features,) = [
+        r
+        for r in browser.find_elements(By.CSS_SELECTOR, "#waterfall .wf-row[data-span-id]")
+        if r.get_attribute("data-stage") == "gateway.features"
+    ]
+    assert "↔" in features.text
+    features.click()
+    detail = browser.find_element(By.CSS_SELECTOR, "#waterfall .wf-detail")
+    assert "batched with 2 other requests in" in detail.text
+    assert "feature.online_lookup 4.00 ms" in detail.text  # its share of the call, under the call's stages
+    # The member's self time inside the call counts under the call's stages in its breakdown too.
+    stages = [r.get_attribute("data-stage") for r in browser.find_elements(By.CSS_SELECTOR, "#stage-self .stage-row")]
+    assert stages[0] == "feature.online_lookup"
+
+    navigate(browser, lambda: detail.find_element(By.CSS_SELECTOR, "a").click())
+    assert browser.find_element(By.ID, "trace-id").text == first
+    opened = browser.find_element(By.CSS_SELECTOR, "#waterfall .wf-detail")
+    assert "batched call of 3 requests" in opened.text.lower()
+    members = opened.find_elements(By.CSS_SELECTOR, "ol.links li a")
+    hrefs = [m.get_attribute("href").split("#/trace/")[1].split("?")[0] for m in members]
+    assert hrefs == [first, second, f"{0xBA7C6:032x}"]  # in batch order
