@@ -55,7 +55,7 @@ MODEL = "fraud_mlp"
 HOT_SOURCE_VERSION = 2  # copied as the next version: the canary replica serves it
 CANARY_PINS = list(range(2, 10))  # the canary replica's fraud_mlp versions: today's v2 and the ones hot-loaded
 GATEWAY_REPLICAS = 2
-RAMP_LEAST_REQUESTS = 100
+RAMP_LEAST_REQUESTS = 300
 
 
 @dataclass
@@ -69,7 +69,7 @@ class Durations:
     stop: float = 10.0  # how long a SIGSTOPped process stays stopped
     canary: float = 10.0  # each canary step: its whole phase
     overload: float = 30.0
-    ramp_step: float = 5.0
+    ramp_step: float = 8.0
     warmup: float = 5.0
     recovery_window: float = 2.0  # recovery compares windows this long with the quiet phase ...
     recovery_hold: float = 4.0  # ... and needs this long of them in a row back to it
@@ -479,7 +479,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "--p99-bound-factor",
         type=float,
         default=P99_BOUND_FACTOR,
-        help="capacity's p99 bound: this x the first ramp step's p50 (at least 50 ms)",
+        help="capacity's p99 bound: this x the first ramp step's p50 (at least 250 ms)",
     )
     parser.add_argument("--gateway-replicas", type=int, default=GATEWAY_REPLICAS, help="where `meshserve up` has them")
     parser.add_argument("--secure", action="store_true", help="through the TLS + JWT ingress (default: --insecure)")

@@ -193,10 +193,10 @@ def figures(whole: int, sent: int, p99_s: float, lost: int = 0) -> Figures:
 
 
 def test_p99_bound_is_a_multiple_of_the_light_steps_median_with_a_floor() -> None:
-    assert p99_bound_s(0.015) == pytest.approx(0.150)
-    assert p99_bound_s(0.002) == pytest.approx(0.050)
-    assert p99_bound_s(None) == pytest.approx(0.050)
-    assert p99_bound_s(0.015, factor=4) == pytest.approx(0.060)
+    assert p99_bound_s(0.030) == pytest.approx(0.300)
+    assert p99_bound_s(0.002) == pytest.approx(0.250)
+    assert p99_bound_s(None) == pytest.approx(0.250)
+    assert p99_bound_s(0.050, factor=6) == pytest.approx(0.300)
 
 
 def test_a_step_holds_with_99_percent_whole_nothing_lost_and_a_bounded_p99() -> None:
