@@ -2,16 +2,32 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from services.common.errors import InvalidArgument
 from services.common.validation import describe
-from services.model.backends import BACKENDS, registered, unknown_backend_message
+from services.model.backends import (
+    BACKENDS,
+    PLATFORMS,
+    registered,
+    unknown_backend_message,
+    unknown_platform_message,
+)
 
 Datatype = Literal[
     "BOOL",
@@ -38,10 +54,78 @@ def _registered_backend(name: str) -> str:
     return name
 
 
+def _registered_platform(platform: str) -> str:
+    if platform not in PLATFORMS:
+        raise PydanticCustomError("unknown_platform", "{message}", {"message": unknown_platform_message(platform)})
+    return platform
+
+
 # The choices are the registry's keys: a backend is configurable exactly when one is registered to serve it.
 BackendName = Annotated[
     str, AfterValidator(_registered_backend), WithJsonSchema({"type": "string", "enum": registered()})
 ]
+PlatformName = Annotated[
+    str, AfterValidator(_registered_platform), WithJsonSchema({"type": "string", "enum": list(PLATFORMS)})
+]
+
+# Parameter values are strings, as in Triton's model config; a YAML number or boolean is taken as its string.
+_INT = r"^[0-9]+$"
+_FLAG = ("0", "1", "true", "false")
+
+
+def _as_string(value: Any) -> Any:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, int | float):
+        return str(value)
+    return value
+
+
+def _check_value(key: str, value: str, kind: str | tuple[str, ...]) -> None:
+    if isinstance(kind, tuple):
+        if value.lower() not in kind:
+            raise ValueError(f"{key} must be one of {', '.join(kind)}, got {value!r}")
+    elif kind == "int" and not re.match(_INT, value):
+        raise ValueError(f"{key} must be a non-negative integer, got {value!r}")
+
+
+def flag(value: str | None, default: bool) -> bool:
+    """A Triton boolean parameter ("1", "true", "0", "false"), or `default` when unset."""
+    return default if value is None else value.lower() in ("1", "true")
+
+
+# Triton's ONNX Runtime backend parameters served here: per model (`parameters`) and per execution accelerator.
+SESSION_PARAMETERS: dict[str, str | tuple[str, ...]] = {
+    "intra_op_thread_count": "int",
+    "inter_op_thread_count": "int",
+    "execution_mode": ("0", "1"),
+    "enable_mem_arena": _FLAG,
+    "enable_mem_pattern": _FLAG,
+}
+ACCELERATOR_PARAMETERS: dict[str, dict[str, str | tuple[str, ...]]] = {
+    "tensorrt": {
+        "precision_mode": ("fp32", "fp16", "int8"),
+        "max_workspace_size_bytes": "int",
+        "trt_engine_cache_enable": _FLAG,
+        "trt_engine_cache_path": "str",
+        "trt_timing_cache_enable": _FLAG,
+        "trt_timing_cache_path": "str",
+        "trt_builder_optimization_level": "int",
+        "trt_min_subgraph_size": "int",
+        "trt_max_partition_iterations": "int",
+        "trt_cuda_graph_enable": _FLAG,
+    },
+    "cuda": {
+        "gpu_mem_limit": "int",
+        "arena_extend_strategy": ("0", "1"),
+        "cudnn_conv_algo_search": ("0", "1", "2"),
+        "do_copy_in_default_stream": _FLAG,
+        "cudnn_conv_use_max_workspace": _FLAG,
+        "use_ep_level_unified_stream": _FLAG,
+    },
+}
+# What the native TensorRT backend reads of its `tensorrt` accelerator entry (the rest belong to ONNX Runtime's EP).
+NATIVE_TENSORRT_PARAMETERS = frozenset({"precision_mode", "max_workspace_size_bytes"})
 
 
 class _Strict(BaseModel):
@@ -120,12 +204,76 @@ class VersionPolicy(_Strict):
         return ordered[-n:]
 
 
+class GraphOptimization(_Strict):
+    """ONNX Runtime's graph optimisation level, numbered as Triton's ONNX Runtime backend numbers it."""
+
+    level: Literal[-1, 0, 1, 2] = Field(
+        0, description="-1: basic; 1: basic and extended (fusions); 2: none; 0: all (ONNX Runtime's default)."
+    )
+
+
+class Accelerator(_Strict):
+    """One execution accelerator, as in Triton's `optimization.execution_accelerators`: a name and its parameters
+    (Triton's keys, string values)."""
+
+    name: Literal["tensorrt", "cuda"]
+    parameters: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("parameters", mode="before")
+    @classmethod
+    def _strings(cls, value: Any) -> Any:
+        return {k: _as_string(v) for k, v in value.items()} if isinstance(value, dict) else value
+
+    @model_validator(mode="after")
+    def _known(self) -> Accelerator:
+        known = ACCELERATOR_PARAMETERS[self.name]
+        for key, value in self.parameters.items():
+            if key not in known:
+                raise ValueError(f"{self.name}: unknown parameter {key!r}; served: {', '.join(known)}")
+            _check_value(key, value, known[key])
+        return self
+
+    def get(self, key: str) -> str | None:
+        return self.parameters.get(key)
+
+
+class ExecutionAccelerators(_Strict):
+    """Triton's execution accelerators: tried in order on a GPU instance, before the CUDA EP and the CPU."""
+
+    gpu_execution_accelerator: list[Accelerator] = Field(default_factory=list)
+    cpu_execution_accelerator: list[dict[str, Any]] = Field(
+        default_factory=list, description="None is served here (Triton's openvino needs ONNX Runtime with OpenVINO)."
+    )
+
+    @field_validator("cpu_execution_accelerator")
+    @classmethod
+    def _no_cpu_accelerator(cls, value: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        if value:
+            raise ValueError("no CPU execution accelerator is served here (openvino needs ONNX Runtime with OpenVINO)")
+        return value
+
+
 class Optimization(_Strict):
     """Load-time optimisations."""
 
     quantization: Literal["none", "int8"] = Field(
-        "none", description="int8: dynamic INT8 quantization of Linear layers at load (CPU)."
+        "none",
+        description=(
+            "int8: the version runs static INT8 (fixed scales, so a row's answer never depends on its batch): "
+            "onnxruntime and tensorrt serve its Q/DQ ONNX (services.model.export --int8-calibration makes one), "
+            "torchscript quantizes at load, calibrated on the version's calibration.npz."
+        ),
     )
+    graph: GraphOptimization | None = Field(None, description="onnxruntime only.")
+    execution_accelerators: ExecutionAccelerators | None = Field(
+        None, description="onnxruntime: GPU execution providers in order; tensorrt: precision and workspace."
+    )
+
+    def accelerator(self, name: str) -> Accelerator | None:
+        """The first GPU accelerator entry named `name`, if any."""
+        if self.execution_accelerators is None:
+            return None
+        return next((a for a in self.execution_accelerators.gpu_execution_accelerator if a.name == name), None)
 
 
 class VersionOverride(_Strict):
@@ -135,11 +283,26 @@ class VersionOverride(_Strict):
 
 
 class ModelConfig(_Strict):
-    """A model in the repository; see README 'Serve your own TorchScript model'."""
+    """A model in the repository; see README 'Serve your own model'."""
 
     name: str = Field(min_length=1)
-    backend: BackendName = Field("torchscript", description="A name registered in services.model.backends.")
-    default_model_filename: str = "model.pt"
+    backend: BackendName = Field(
+        "torchscript",
+        description="A name registered in services.model.backends (torchscript, onnxruntime, tensorrt); "
+        "taken from `platform` when only that is given.",
+    )
+    platform: PlatformName | None = Field(
+        None, description="Triton's platform string: pytorch_libtorch, onnxruntime_onnx or tensorrt_plan."
+    )
+    default_model_filename: str = Field(
+        "model.pt",
+        description="The file of a version folder the backend loads; default model.pt (torchscript), model.onnx "
+        "(onnxruntime), model.plan (tensorrt, which builds one from model.onnx when the folder has none).",
+    )
+    parameters: dict[str, str] = Field(
+        default_factory=dict,
+        description="onnxruntime session parameters with Triton's keys: " + ", ".join(SESSION_PARAMETERS) + ".",
+    )
     max_batch_size: int = Field(0, ge=0, description="0: the model has no batch dimension in dims.")
     inputs: list[TensorSpec] = Field(min_length=1)
     outputs: list[TensorSpec] = Field(min_length=1)
@@ -158,6 +321,59 @@ class ModelConfig(_Strict):
     )
     device: Literal["auto", "cpu", "cuda"] = "auto"
     warmup: bool = True
+
+    @model_validator(mode="before")
+    @classmethod
+    def _backend_from_platform(cls, data: Any) -> Any:
+        """A config naming only Triton's `platform` gets its backend; the model file defaults to the backend's."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        platform = data.get("platform")
+        if data.get("backend") is None and isinstance(platform, str) and platform in PLATFORMS:
+            data["backend"] = PLATFORMS[platform]
+        backend = data.get("backend", "torchscript")
+        if data.get("default_model_filename") is None and isinstance(backend, str) and backend in BACKENDS:
+            data["default_model_filename"] = BACKENDS[backend].filename
+        if isinstance(data.get("parameters"), dict):
+            data["parameters"] = {k: _as_string(v) for k, v in data["parameters"].items()}
+        return data
+
+    @model_validator(mode="after")
+    def _check_backend_options(self) -> ModelConfig:
+        if self.platform is not None and PLATFORMS[self.platform] != self.backend:
+            raise ValueError(
+                f"platform {self.platform} is served by backend {PLATFORMS[self.platform]}, not {self.backend}"
+            )
+        if self.parameters and self.backend != "onnxruntime":
+            raise ValueError(f"parameters apply to the onnxruntime backend, not {self.backend}")
+        for key, value in self.parameters.items():
+            if key not in SESSION_PARAMETERS:
+                raise ValueError(f"parameters: unknown key {key!r}; served: {', '.join(SESSION_PARAMETERS)}")
+            _check_value(key, value, SESSION_PARAMETERS[key])
+        overrides = [(f"version_overrides.{v}.", o.optimization) for v, o in self.version_overrides.items()]
+        for where, optimization in [("", self.optimization), *overrides]:
+            if optimization is not None:
+                self._check_optimization(where, optimization)
+        return self
+
+    def _check_optimization(self, where: str, optimization: Optimization) -> None:
+        if optimization.graph is not None and self.backend != "onnxruntime":
+            raise ValueError(f"{where}optimization.graph applies to the onnxruntime backend, not {self.backend}")
+        accelerators = optimization.execution_accelerators
+        if accelerators is None or not accelerators.gpu_execution_accelerator:
+            return
+        if self.backend == "torchscript":
+            raise ValueError(f"{where}optimization.execution_accelerators do not apply to the torchscript backend")
+        if self.backend == "tensorrt":
+            for accelerator in accelerators.gpu_execution_accelerator:
+                extra = sorted(set(accelerator.parameters) - NATIVE_TENSORRT_PARAMETERS)
+                if accelerator.name != "tensorrt" or extra:
+                    raise ValueError(
+                        f"{where}optimization.execution_accelerators: the tensorrt backend reads only a tensorrt "
+                        f"entry with {' and '.join(sorted(NATIVE_TENSORRT_PARAMETERS))}"
+                        + (f" (not {', '.join(extra)})" if extra else f" (not {accelerator.name})")
+                    )
 
     @model_validator(mode="after")
     def _check(self) -> ModelConfig:

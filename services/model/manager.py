@@ -235,6 +235,20 @@ class ModelManager:
                 raise
 
         model, forward_ns = await asyncio.to_thread(load_and_warm)
+        # A delayed model sleeps in its forward: on worker threads only, whatever the config says.
+        execution = (
+            THREAD if self.fault_delay_s > 0 else choose_execution(config, forward_ns, self.inline_max_forward_us)
+        )
+
+        def settle() -> None:  # worker thread: the backend sizes its threads for where forwards run
+            try:
+                if model.executes(execution.inline):
+                    warm_up(model, config)
+            except Exception:
+                model.unload()
+                raise
+
+        await asyncio.to_thread(settle)
         if self.fault_delay_s > 0:
             log.warning(
                 "fault injection: every forward of %s v%d takes %.0f ms longer",
@@ -243,10 +257,6 @@ class ModelManager:
                 self.fault_delay_s * 1e3,
             )
             model = DelayedModel(model, self.fault_delay_s)
-        # A delayed model sleeps in its forward: on worker threads only, whatever the config says.
-        execution = (
-            THREAD if self.fault_delay_s > 0 else choose_execution(config, forward_ns, self.inline_max_forward_us)
-        )
         warm = "no warm-up forward" if forward_ns is None else f"warm-up forward {forward_ns / 1e3:.0f} us"
         log.info("%s v%d: forwards run %s (%s)", config.name, version, execution.name, warm)
         return ModelVersion(config, version, model, backend, execution)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 from pydantic import Field, SecretStr
@@ -45,6 +46,13 @@ class ModelSettings(ServiceSettings):
         description=(
             "Per model, the only versions this replica loads (JSON, e.g. '{\"fraud_mlp\": [1]}'); overrides the "
             "model's version_policy so that a replica serves one mesh subset (v1 or the v2 canary)."
+        ),
+    )
+    plan_cache: Path = Field(
+        Path(tempfile.gettempdir()) / "meshserve-plans",
+        description=(
+            "Where the tensorrt backend keeps the plans it builds, one per TensorRT version, GPU, ONNX hash, profile "
+            "and precision (writable; the repository stays read-only). A plan is rebuilt only when its key changes."
         ),
     )
     fault_delay_ms: float = Field(

@@ -1,13 +1,15 @@
-"""The backend registry: each config `backend` name mapped to the class that loads it, imported only when used.
+"""The backend registry: each backend name mapped to its class, Triton platform and model file, imported only when used.
 
-A new backend (onnxruntime, tensorrt) is its module under `services/model/backends/` plus one line in BACKENDS;
-the config's `backend` choices come from this map, so a name is valid exactly when a backend serves it.
-Entries are "module:Class" import paths, so that reading a config never imports torch or TensorRT.
+A new backend is its module under `services/model/backends/` plus one entry in BACKENDS; a config's `backend`
+choices are this map's keys and its `platform` choices their Triton platform strings, so a name is valid exactly
+when a backend serves it. Entries name "module:Class" import paths, so that reading a config never imports torch,
+ONNX Runtime or TensorRT.
 """
 
 from __future__ import annotations
 
 import importlib
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from services.common.errors import InvalidArgument
@@ -15,9 +17,26 @@ from services.common.errors import InvalidArgument
 if TYPE_CHECKING:
     from services.model.backends.base import Backend
 
-BACKENDS: dict[str, str] = {
-    "torchscript": "services.model.backends.torchscript:TorchScriptBackend",
+
+@dataclass(frozen=True, slots=True)
+class Registration:
+    """How the repository finds one backend: its class, the platform Triton names it by, its model file."""
+
+    target: str  # "module:Class"
+    platform: str  # Triton's platform string (ModelMetadata.platform, config `platform`)
+    filename: str  # the file a version folder holds for it, unless the config names another
+
+
+BACKENDS: dict[str, Registration] = {
+    "torchscript": Registration(
+        "services.model.backends.torchscript:TorchScriptBackend", "pytorch_libtorch", "model.pt"
+    ),
+    "onnxruntime": Registration(
+        "services.model.backends.onnxruntime:OnnxRuntimeBackend", "onnxruntime_onnx", "model.onnx"
+    ),
+    "tensorrt": Registration("services.model.backends.tensorrt:TensorRTBackend", "tensorrt_plan", "model.plan"),
 }
+PLATFORMS: dict[str, str] = {registration.platform: name for name, registration in BACKENDS.items()}
 
 
 def registered() -> list[str]:
@@ -30,11 +49,16 @@ def unknown_backend_message(name: str) -> str:
     return f"unknown backend {name!r}; registered backends: {', '.join(registered())}"
 
 
+def unknown_platform_message(platform: str) -> str:
+    """What an unknown `platform` value is told: the platforms of the registered backends."""
+    return f"unknown platform {platform!r}; platforms served: {', '.join(PLATFORMS)}"
+
+
 def get_backend(name: str) -> Backend:
     """A new instance of the backend registered under `name`, its module imported now (torch is heavy)."""
-    path = BACKENDS.get(name)
-    if path is None:
+    registration = BACKENDS.get(name)
+    if registration is None:
         raise InvalidArgument(unknown_backend_message(name))
-    module_name, _, class_name = path.partition(":")
+    module_name, _, class_name = registration.target.partition(":")
     backend_class: type[Backend] = getattr(importlib.import_module(module_name), class_name)
     return backend_class()

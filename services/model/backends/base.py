@@ -22,6 +22,12 @@ class LoadedModel(ABC):
     def unload(self) -> None:  # noqa: B027 - optional hook
         """Free memory (GPU buffers, engines); the default has nothing to free."""
 
+    def executes(self, inline: bool) -> bool:
+        """Told, after warm-up and before traffic, whether forwards run on the event loop (`inline`) or on worker
+        threads, so that a backend with its own thread pool can size it; True when that changed the model (it is
+        warmed up again). The default changes nothing."""
+        return False
+
 
 class Backend(ABC):
     """Loads a version folder into a LoadedModel according to the model config."""
