@@ -1,4 +1,4 @@
-"""The `digits_cnn` demo model: a small CNN trained on scikit-learn's bundled 8x8 digits, and its export."""
+"""The `digits_cnn` demo model: a small CNN trained on scikit-learn's bundled 8x8 digits, and its exports."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 from torch import Tensor, nn
 
+from services.model.export import export_version
+
 NAME = "digits_cnn"
 METRIC = "held-out accuracy"
 SEED = 20240602
@@ -18,6 +20,7 @@ EPOCHS = 20
 BATCH_SIZE = 32
 LEARNING_RATE = 2e-3
 VERSIONS = (1,)
+VERIFY_ROWS = 1000  # digits the ONNX file must answer as torch does
 
 
 def make_dataset() -> tuple[np.ndarray, np.ndarray]:
@@ -87,9 +90,16 @@ def save_torchscript(model: nn.Module, path: Path) -> None:
     tmp.replace(path)
 
 
-def build(model_dir: Path, seed: int = SEED) -> float:
-    """Train and write `<model_dir>/1/model.pt`; returns the held-out accuracy."""
+def build(model_dir: Path, seed: int = SEED) -> dict[str, float]:
+    """Train and write `<model_dir>/1/model.pt` and its ONNX export, verified against torch on VERIFY_ROWS digits;
+    returns the held-out accuracy and the export's check."""
     model, accuracy = train(seed)
     for version in VERSIONS:
         save_torchscript(model, model_dir / str(version) / "model.pt")
-    return accuracy
+    x, _ = make_dataset()
+    report = export_version(model, model_dir.parent, NAME, 1, rows={"image": np.ascontiguousarray(x[:VERIFY_ROWS])})
+    return {
+        METRIC: accuracy,
+        "FP32 ONNX max |diff| vs torch": report.verification.max_abs_diff["probabilities"],
+        "ONNX labels differing from torch": float(report.verification.mismatched["label"]),
+    }

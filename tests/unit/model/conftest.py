@@ -5,19 +5,29 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from services.common.server import Lifecycle
+from services.model.backends.torchscript import CALIBRATION_FILE
 from services.model.handler import ModelHandler
 from services.model.manager import ModelManager
 from services.model.repository import ModelRepository
 from tests.helpers.models import Mlp, MultiIO, mlp_config, multi_io_config, write_model
 
 
+def write_calibration(version_dir: Path, **rows: np.ndarray) -> Path:
+    """The calibration rows an INT8 TorchScript version ships (one array per input)."""
+    path = version_dir / CALIBRATION_FILE
+    np.savez(path, **rows)
+    return path
+
+
 @pytest.fixture()
 def repo(tmp_path: Path) -> Path:
     """mlp: versions 1-3, the latest two served; batched: dynamic batching padded to 4 or 16; multi: two inputs and
-    outputs, no batch dimension; int8: version 2 quantized; broken: a backend nobody registered."""
+    outputs, no batch dimension; int8: version 2 static INT8, calibrated on the rows it ships; broken: a backend nobody
+    registered."""
     root = tmp_path / "repo"
     latest_two = {"latest": {"num_versions": 2}}
     write_model(root, "mlp", mlp_config("mlp", version_policy=latest_two), {1: Mlp(1), 2: Mlp(2), 3: Mlp(3)})
@@ -30,7 +40,8 @@ def repo(tmp_path: Path) -> Path:
         "version_overrides": {2: {"optimization": {"quantization": "int8"}}},
     }
     write_model(root, "int8", mlp_config("int8", **int8), {1: Mlp(4), 2: Mlp(4)})
-    write_model(root, "broken", mlp_config("broken", backend="tensorrt"), {1: Mlp(5)})
+    write_calibration(root / "int8" / "2", x=np.random.default_rng(4).standard_normal((256, 8)).astype(np.float32))
+    write_model(root, "broken", mlp_config("broken", backend="tensorflow"), {1: Mlp(5)})
     return root
 
 

@@ -1,24 +1,32 @@
-"""Tests of the demo model repository builder (`models.build`): determinism, quality, configs, shapes."""
+"""Tests of the demo model repository builder (`models.build`): determinism, quality, configs, shapes, and the ONNX
+exports it verifies (FP32 against torch, static INT8 against FP32)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import numpy as np
 import pytest
 import torch
 from sklearn.metrics import roc_auc_score
 
-from models.build import BUILDERS, MODELS_DIR, BuiltModel, build_models
+from models import heavy_mlp
+from models.build import BUILDERS, MODELS_DIR, BuiltModel, build_models, folder, write_config
 from models.fraud_mlp import make_dataset
+from services.model.backends.onnx_io import check_io, quantization_of, read_onnx
 from services.model.config import ModelConfig, load_model_config
+from services.model.export import onnx_session
 
 TORCH_DTYPES = {"FP32": torch.float32, "INT64": torch.int64}
 EXPECTED_VERSIONS = {"fraud_mlp": [1, 2], "digits_cnn": [1]}
+DEMO = sorted(EXPECTED_VERSIONS)
 
 
 @pytest.fixture(scope="module")
 def builds(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, BuiltModel], dict[str, BuiltModel]]:
-    """The whole repository built twice, into two different folders."""
-    first = build_models(tmp_path_factory.mktemp("repo_a"))
-    second = build_models(tmp_path_factory.mktemp("repo_b"))
+    """The demo models built twice, into two different folders."""
+    first = build_models(tmp_path_factory.mktemp("repo_a"), DEMO)
+    second = build_models(tmp_path_factory.mktemp("repo_b"), DEMO)
     return first, second
 
 
@@ -31,12 +39,16 @@ def _config(built: BuiltModel) -> ModelConfig:
 
 
 def test_builds_every_model_and_version(builds: tuple[dict[str, BuiltModel], ...]) -> None:
+    assert sorted(BUILDERS) == sorted([*EXPECTED_VERSIONS, heavy_mlp.NAME])
+    assert folder(heavy_mlp.NAME) == "bench/heavy_mlp"  # beside the demo, which the stack serves whole
     for built in builds:
-        assert sorted(built) == sorted(BUILDERS) == sorted(EXPECTED_VERSIONS)
+        assert sorted(built) == DEMO
         for name, model in built.items():
             versions = sorted(int(p.name) for p in model.path.iterdir() if p.is_dir())
             assert versions == EXPECTED_VERSIONS[name]
             assert not list(model.path.rglob("*.tmp"))
+            for version in versions:
+                assert {p.name for p in (model.path / str(version)).iterdir()} >= {"model.pt", "model.onnx"}
 
 
 def test_build_is_deterministic(builds: tuple[dict[str, BuiltModel], ...]) -> None:
@@ -52,10 +64,49 @@ def test_build_is_deterministic(builds: tuple[dict[str, BuiltModel], ...]) -> No
                 assert torch.equal(tensor, state_b[key]), f"{name}/{version}: {key} differs between builds"
 
 
-def test_fraud_versions_share_weights(builds: tuple[dict[str, BuiltModel], ...]) -> None:
+def test_fraud_versions_compute_the_same_function(builds: tuple[dict[str, BuiltModel], ...]) -> None:
+    """Version 2's TorchScript file is the equalised copy of version 1 (channels rescaled for INT8): other weights,
+    the same scores."""
     fraud = builds[0]["fraud_mlp"]
-    v1, v2 = _load(fraud, 1).state_dict(), _load(fraud, 2).state_dict()
-    assert all(torch.equal(v1[key], v2[key]) for key in v1)
+    v1, v2 = _load(fraud, 1), _load(fraud, 2)
+    assert not torch.equal(v1.state_dict()["layers.0.weight"], v2.state_dict()["layers.0.weight"])
+    x = torch.from_numpy(make_dataset(seed=7, users=300, days=10, episodes=25).x)
+    with torch.no_grad():
+        assert (v1(x) - v2(x)).abs().max() <= 1e-5
+
+
+def test_exports_answer_as_torch_and_int8_stays_close(builds: tuple[dict[str, BuiltModel], ...]) -> None:
+    fraud, digits = builds[0]["fraud_mlp"].checks, builds[0]["digits_cnn"].checks
+    assert fraud["FP32 ONNX max |diff| vs torch"] <= 1e-5 and digits["FP32 ONNX max |diff| vs torch"] <= 1e-5
+    assert digits["ONNX labels differing from torch"] == 0
+    assert fraud["INT8 max |diff| vs FP32 (held-out)"] <= 0.02
+    assert fraud["FP32 ONNX held-out ROC AUC"] - fraud["INT8 held-out ROC AUC"] <= 0.005
+    path = builds[0]["fraud_mlp"].path
+    config = load_model_config(path / "config.yaml")
+    for version, kind in ((1, "none"), (2, "static")):
+        model = read_onnx(path / str(version) / "model.onnx")
+        check_io(model, config, f"fraud_mlp/{version}")
+        assert quantization_of(model) == kind
+    assert (path / "2" / "calibration.npz").is_file()
+
+
+def test_onnx_exports_are_deterministic(builds: tuple[dict[str, BuiltModel], ...]) -> None:
+    first, second = builds
+    x = make_dataset(seed=7, users=300, days=10, episodes=25).x
+    for version in (1, 2):
+        a = onnx_session(first["fraud_mlp"].path / str(version) / "model.onnx").run(None, {"features": x})[0]
+        b = onnx_session(second["fraud_mlp"].path / str(version) / "model.onnx").run(None, {"features": x})[0]
+        assert np.array_equal(a, b), f"fraud_mlp/{version}/model.onnx differs between builds"
+
+
+def test_heavy_model_builds_both_versions(tmp_path: Path) -> None:
+    """The benchmarks' model, at a small width: FP32 ONNX verified against torch, version 2 static INT8."""
+    write_config(heavy_mlp.NAME, tmp_path)
+    model_dir = tmp_path / folder(heavy_mlp.NAME)
+    checks = heavy_mlp.build(model_dir, hidden=64)
+    assert checks[heavy_mlp.METRIC] <= 1e-5 and 0 < checks["INT8 max |diff| vs FP32 (1,000 fresh rows)"] < 0.05
+    assert {p.name for p in (model_dir / "2").iterdir()} == {"model.pt", "model.onnx", "calibration.npz"}
+    assert quantization_of(read_onnx(model_dir / "2" / "model.onnx")) == "static"
 
 
 def test_configs_validate(builds: tuple[dict[str, BuiltModel], ...]) -> None:
@@ -64,9 +115,10 @@ def test_configs_validate(builds: tuple[dict[str, BuiltModel], ...]) -> None:
     assert fraud.optimization_for(1).quantization == "none"
     assert fraud.optimization_for(2).quantization == "int8"
     assert digits.version_policy.select([1]) == [1]
-    for name in EXPECTED_VERSIONS:
-        committed = load_model_config(MODELS_DIR / name / "config.yaml", expected_name=name)
-        assert committed == _config(builds[0][name])
+    for name in [*EXPECTED_VERSIONS, heavy_mlp.NAME]:
+        committed = load_model_config(MODELS_DIR / folder(name) / "config.yaml", expected_name=name)
+        if name in builds[0]:
+            assert committed == _config(builds[0][name])
 
 
 def test_quality(builds: tuple[dict[str, BuiltModel], ...]) -> None:

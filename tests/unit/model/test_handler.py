@@ -127,7 +127,7 @@ def test_repository_index_reports_every_model_and_why_one_is_broken(handler: Mod
     assert by_key[("mlp", "3")].state == "READY" and ("mlp", "1") not in by_key
     broken = by_key[("broken", "")]
     assert broken.state == "UNAVAILABLE"
-    assert "backend: unknown backend 'tensorrt'; registered backends: torchscript" in broken.reason
+    assert "backend: unknown backend 'tensorflow'; registered backends: torchscript, onnxruntime" in broken.reason
     ready = handler.repository_index(ready_only=True)
     assert (
         ready and all(e.state == "READY" for e in ready) and ("broken", "") not in {(e.name, e.version) for e in ready}

@@ -30,7 +30,7 @@ def test_every_registered_backend_loads_under_its_name(name: str) -> None:
     assert get_backend(name) is not backend  # a new instance per call
 
 
-@pytest.mark.parametrize("name", ["tensorrt", "onnx", "TorchScript", ""])
+@pytest.mark.parametrize("name", ["tensorflow", "onnx", "TorchScript", "tensorrt_plan", ""])
 def test_unknown_backend_in_a_config_names_the_registered_ones(tmp_path: Path, name: str) -> None:
     path = tmp_path / "m" / "config.yaml"
     path.parent.mkdir()
@@ -43,5 +43,5 @@ def test_unknown_backend_in_a_config_names_the_registered_ones(tmp_path: Path, n
 
 
 def test_unknown_backend_by_name_is_invalid_argument() -> None:
-    with pytest.raises(InvalidArgument, match=r"unknown backend 'tensorrt'; registered backends: torchscript"):
-        get_backend("tensorrt")
+    with pytest.raises(InvalidArgument, match=r"unknown backend 'tensorflow'; registered backends: torchscript, onnx"):
+        get_backend("tensorflow")

@@ -1,16 +1,18 @@
-"""The TorchScript backend on real scripted models: outputs by config order, dtypes, INT8 at load."""
+"""The TorchScript backend on real scripted models: outputs by config order, dtypes, static INT8 at load."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 from torch import nn
 
 from services.model.backends import get_backend
 from services.model.backends.torchscript import TorchScriptBackend, TorchScriptModel
 from services.model.config import ModelConfig
+from tests.unit.model.conftest import write_calibration
 
 
 class Wide(nn.Module):
@@ -56,13 +58,23 @@ def test_fp32_forward_equals_torch(tmp_path: Path) -> None:
     assert out["score"].dtype == np.float32
 
 
-def test_int8_quantization_at_load_is_close_and_really_quantized(tmp_path: Path) -> None:
+def test_static_int8_at_load_is_close_really_quantized_and_batch_invariant(tmp_path: Path) -> None:
     folder = save(tmp_path)
+    write_calibration(folder, x=np.random.default_rng(2).standard_normal((512, 32)).astype(np.float32))
     cfg = config(version_overrides={2: {"optimization": {"quantization": "int8"}}})
     fp32 = get_backend("torchscript").load(folder, cfg, 1)
     int8 = get_backend("torchscript").load(folder, cfg, 2)
-    assert "quantized::linear_dynamic" in str(int8.module.inlined_graph)
-    assert "quantized::linear_dynamic" not in str(fp32.module.inlined_graph)
+    graph = str(int8.module.inlined_graph)
+    assert "quantized::linear" in graph and "linear_dynamic" not in graph  # static scales, in the graph
+    assert "quantized::" not in str(fp32.module.inlined_graph)
     x = np.random.default_rng(1).standard_normal((256, 32)).astype(np.float32)
     diff = np.abs(fp32.forward({"x": x})["score"] - int8.forward({"x": x})["score"]).max()
     assert 0 < diff < 0.02
+    alone = np.concatenate([int8.forward({"x": x[i : i + 1]})["score"] for i in range(len(x))])
+    assert np.abs(int8.forward({"x": x})["score"] - alone).max() <= 1e-5
+
+
+def test_int8_without_calibration_rows_is_refused(tmp_path: Path) -> None:
+    cfg = config(version_overrides={2: {"optimization": {"quantization": "int8"}}})
+    with pytest.raises(FileNotFoundError, match=r"calibration\.npz not found: quantization int8 on the torchscript"):
+        get_backend("torchscript").load(save(tmp_path), cfg, 2)

@@ -25,7 +25,7 @@ from tests.helpers.servers import ROOT, health_status, model_service
 def repo(tmp_path: Path) -> Path:
     root = tmp_path / "repo"
     write_model(root, "mlp", mlp_config("mlp"), {1: Mlp(1), 2: Mlp(2)})
-    write_model(root, "broken", mlp_config("broken", backend="tensorrt"), {1: Mlp(3)})
+    write_model(root, "broken", mlp_config("broken", backend="tensorflow"), {1: Mlp(3)})
     return root
 
 
@@ -42,7 +42,7 @@ def test_the_process_serves_reports_a_broken_backend_and_drains_on_sigterm(repo:
             assert index[("mlp", "2")].state == "READY"
             broken = index[("broken", "")]
             assert broken.state == "UNAVAILABLE"
-            assert "unknown backend 'tensorrt'; registered backends: torchscript" in broken.reason
+            assert "unknown backend 'tensorflow'; registered backends: torchscript, onnxruntime" in broken.reason
             x = np.random.default_rng(0).standard_normal((3, 8)).astype(np.float32)
             request = pb.ModelInferRequest(model_name="mlp")
             datatype, shape, raw = encode_raw(x)
@@ -72,6 +72,9 @@ def test_reading_configs_and_serving_rpcs_imports_no_backend_library(repo: Path)
 
         assert ModelRepository(Path({str(repo)!r})).read_config("mlp").backend == "torchscript"
         assert "torch" not in sys.modules, "reading a config imported torch"
+        assert "onnxruntime" not in sys.modules and "onnx" not in sys.modules, "reading a config imported ONNX"
+        get_backend("tensorrt")  # its module loads; TensorRT and pycuda wait for a GPU and a model that uses them
+        assert "tensorrt" not in sys.modules and "pycuda" not in sys.modules, "the tensorrt backend imported TensorRT"
         get_backend("torchscript")
         assert "torch" in sys.modules, "the torchscript backend should import torch when it is asked for"
         print("lazy")
