@@ -74,6 +74,7 @@ class StackLayout(BaseModel):
         None, description="The local OTLP receiver and trace store (services.traces); None: no tracing."
     )
     traces_db: Path | None = Field(None, description="Its SQLite file (default: the store's own default).")
+    traces_ui_port: int | None = Field(None, description="The trace UI's HTTP port; None: no UI.")
 
     @classmethod
     def local(
@@ -159,11 +160,13 @@ class StackLayout(BaseModel):
                     f"Envoy's admin socket {socket_path} is longer than a Unix socket path may be "
                     f"({UNIX_PATH_MAX} bytes); choose a shorter --log-dir"
                 )
-        traces_port = None
+        traces_port = traces_ui_port = None
         if traces:
             traces_port = 4317 if port_base == 8000 else port(90)[0]
+            traces_ui_port = port(91)[0]
         layout = cls(
             traces_port=traces_port,
+            traces_ui_port=traces_ui_port,
             traces_db=traces_db.resolve() if traces_db else None,
             mesh=mesh,
             insecure=insecure,
@@ -234,6 +237,8 @@ class StackLayout(BaseModel):
                 out.append(("envoy admin", self.admin_port))
         if self.traces_port is not None:
             out.append(("traces", self.traces_port))
+        if self.traces_ui_port is not None:
+            out.append(("traces ui", self.traces_ui_port))
         return out
 
     def clashing_ports(self) -> list[str]:

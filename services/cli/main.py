@@ -258,7 +258,9 @@ def token(
         raise typer.Exit(2) from None
 
 
-app.add_typer(traces_app, name="traces", help="Recent traces from the local store: list, show, hotspots.")
+app.add_typer(
+    traces_app, name="traces", help="Recent traces from the local store: list, show, hotspots, ui (the web UI)."
+)
 canary_app = typer.Typer(help="Show or change the local mesh's canary split at run time (no restart).")
 app.add_typer(canary_app, name="canary")
 LogDir = Annotated[Path, typer.Option(help="The --log-dir of `meshserve up`.")]

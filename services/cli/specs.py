@@ -251,14 +251,15 @@ def traces_spec(layout: StackLayout) -> ProcessSpec:
     t = layout
     assert t.traces_port is not None
     db = {"db": t.traces_db} if t.traces_db is not None else {}
-    env = TracesSettings.env_for(host=t.host, port=t.traces_port, **db)
+    ui = {"ui_port": t.traces_ui_port} if t.traces_ui_port is not None else {}
+    env = TracesSettings.env_for(host=t.host, port=t.traces_port, **db, **ui)
     return ProcessSpec(
         name="traces",
         argv=[sys.executable, "-m", "services.traces"],
         env={**env, **process_env()},
         host=t.host,
         port=t.traces_port,
-        role="OTLP receiver + trace store (meshserve traces)",
+        role="OTLP receiver + trace store + trace UI (meshserve traces)",
     )
 
 

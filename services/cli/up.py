@@ -75,6 +75,7 @@ def write_state(
         "secrets_dir": str(secrets.dir) if secrets is not None else None,
         "admin": layout.admin if layout.mesh else None,
         "mesh_dir": str(path.parent / MESH_DIR) if layout.mesh else None,
+        "traces_ui": trace_ui_url(layout),
         "services": services,
     }
     tmp = path.with_suffix(".tmp")
@@ -160,6 +161,8 @@ async def run_stack(
             highlight=False,
             soft_wrap=True,
         )
+        if (ui := trace_ui_url(layout)) is not None:
+            console.print(f"trace UI at {ui} (search, waterfalls, hotspots)", highlight=False, soft_wrap=True)
         if demo_s > 0:
             ca = secrets.ca_cert if endpoint.tls else None
             await _until_stopped(run_demo_and_explain(endpoint, demo_s, console, ca, custom_dir), stop, console)
@@ -221,6 +224,13 @@ async def run_demo_and_explain(
     console.rule()
     console.print(how_to_call(endpoint.address, ca, log_dir), highlight=False, markup=False, soft_wrap=True)
     console.print(f"[green]still serving at {endpoint.address}[/]; Ctrl-C stops everything", highlight=False)
+
+
+def trace_ui_url(layout: StackLayout) -> str | None:
+    """The trace store's web UI, when the stack runs one."""
+    if layout.traces_ui_port is None:
+        return None
+    return f"http://{layout.address(layout.traces_ui_port)}/"
 
 
 def render_mesh(layout: StackLayout, workdir: Path, secrets: StackSecrets | None = None) -> list[str]:

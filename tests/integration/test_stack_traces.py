@@ -6,8 +6,10 @@ requests batched by the gateway keep their own traces, linked from the batched c
 from __future__ import annotations
 
 import importlib.util
+import json
 import secrets
 import time
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -124,9 +126,13 @@ def test_hotspots_names_the_stage_a_delay_was_injected_into(tmp_path: Path, faul
         db = stack.log_dir / "traces.sqlite"
         wait_for_spans(db, trace_ids, expect=12 * 14)
         out = meshserve("traces", "hotspots", "--db", str(db), "--last", "12")
+        ui = stack.state()["traces_ui"]  # the stack's trace UI reads the same store
+        with urllib.request.urlopen(f"{ui}api/hotspots?limit=12", timeout=10) as response:
+            served = json.loads(response.read())
     assert out.returncode == 0, out.stdout + out.stderr
     hotspot = [line for line in out.stdout.splitlines() if line.startswith("hotspot:")]
     assert hotspot and hotspot[0].startswith(f"hotspot: {stage} ("), out.stdout
+    assert stage in json.dumps(served)
 
 
 def test_a_batched_member_trace_shows_the_shared_hop_through_its_links(tmp_path: Path) -> None:
