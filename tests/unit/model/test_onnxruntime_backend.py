@@ -56,7 +56,7 @@ def test_two_inputs_and_outputs_of_several_dtypes_without_a_batch_dimension(tmp_
 def test_a_corrupt_file_is_refused_naming_it(tmp_path: Path) -> None:
     folder = write_onnx_model(tmp_path, "m", onnx_config("m"), {1: Mlp(1)})
     (folder / "1" / "model.onnx").write_bytes(b"\x08\x07garbage" * 50)
-    with pytest.raises(OnnxMismatch, match="model.onnx is not a valid ONNX model"):
+    with pytest.raises(OnnxMismatch, match=r"model\.onnx is not a valid ONNX model"):
         load(folder, onnx_config("m"))
     (folder / "1" / "model.onnx").unlink()
     with pytest.raises(FileNotFoundError, match=r"model\.onnx not found"):
@@ -154,7 +154,11 @@ def test_on_a_gpu_the_accelerators_come_first_then_cuda_then_the_cpu() -> None:
     trt_options, cuda_options = where.providers[0][1], where.providers[1][1]
     assert trt_options["trt_fp16_enable"] == "True" and trt_options["trt_int8_enable"] == "False"
     assert trt_options["trt_max_workspace_size"] == str(1 << 30)
-    assert cuda_options == {"device_id": "0", "gpu_mem_limit": str(1 << 31), "arena_extend_strategy": "kSameAsRequested"}
+    assert cuda_options == {
+        "device_id": "0",
+        "gpu_mem_limit": str(1 << 31),
+        "arena_extend_strategy": "kSameAsRequested",
+    }
 
 
 def test_without_a_gpu_the_cpu_serves_and_asking_for_what_is_missing_fails() -> None:
