@@ -13,8 +13,9 @@ from grpc_reflection.v1alpha import reflection
 
 from services.common.interceptors import ErrorAndMetricsInterceptor
 from services.common.metrics import start_metrics_server
+from services.common.recording import Recorder
 from services.common.settings import ServiceSettings
-from services.common.tracing import setup_tracing, shutdown_tracing
+from services.common.tracing import RecordingRuntime, setup_tracing, shutdown_tracing
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +74,9 @@ class GrpcService:
         self.service_names = list(service_names)
         self.lifecycle = Lifecycle()
         self.tracer_provider = setup_tracing(name)
+        # Always-on recording (MESHSERVE_TRACING_MODE): its collector, and its admin endpoint on the metrics port.
+        self.recorder = self.tracer_provider if isinstance(self.tracer_provider, Recorder) else None
+        self.recording = RecordingRuntime(self.recorder) if self.recorder is not None else None
         self.server = grpc.aio.server(
             interceptors=[ErrorAndMetricsInterceptor(name, self.tracer_provider)],
             options=server_options(settings),
@@ -95,7 +99,10 @@ class GrpcService:
         if self.port == 0:
             raise RuntimeError(f"{self.name}: cannot bind {self.settings.host}:{self.settings.port}")
         await self.server.start()
-        self.metrics_port = start_metrics_server(self.settings.metrics_port, self.settings.host)
+        if self.recording is not None:
+            self.metrics_port = self.recording.start(self.settings.host, self.settings.metrics_port)
+        else:
+            self.metrics_port = start_metrics_server(self.settings.metrics_port, self.settings.host)
         log.info("%s listening on %s:%d", self.name, self.settings.host, self.port)
         return self.port
 
@@ -127,6 +134,8 @@ class GrpcService:
         if self.settings.shutdown_delay_s > 0:
             await asyncio.sleep(self.settings.shutdown_delay_s)
         await self.server.stop(self.settings.grace_period_s)
+        if self.recording is not None:
+            await self.recording.close()
         shutdown_tracing(self.tracer_provider)
         log.info("%s stopped", self.name)
 

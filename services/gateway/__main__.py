@@ -6,10 +6,12 @@ import asyncio
 import logging
 
 from services.common.logs import setup_logging
+from services.common.recording_settings import RecordingSettings
 from services.common.server import GrpcService
 from services.gateway.handler import GatewayHandler
 from services.gateway.servicer import SERVICE_NAME, GatewayServicer
 from services.gateway.settings import GatewaySettings
+from services.gateway.triggers import EdgeTriggers
 from services.protos import inference_pb2_grpc
 
 log = logging.getLogger("services.gateway")
@@ -18,6 +20,8 @@ log = logging.getLogger("services.gateway")
 async def serve(settings: GatewaySettings) -> None:
     service = GrpcService("gateway", settings, [SERVICE_NAME])
     handler = GatewayHandler(settings, service.lifecycle)
+    if service.recorder is not None:  # always-on recording: the gateway is the edge that keeps traces
+        service.recorder.edge = EdgeTriggers(handler.pipelines, RecordingSettings())
     inference_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(GatewayServicer(handler), service.server)
     log.info("pipelines: %s", ", ".join(sorted(handler.pipelines)) or "none")
     await service.run(handler.start, handler.close)

@@ -27,6 +27,7 @@ from typing import Generic, TypeVar
 
 from opentelemetry import trace
 
+from services.common import recording
 from services.common.errors import DeadlineExceeded
 from services.common.loop_idle import idle_hooks
 from services.gateway import metrics
@@ -240,9 +241,10 @@ class StageBatcher(Generic[T, R]):
 
     def _span(self, members: Sequence[trace.SpanContext], rows: int) -> AbstractContextManager[object]:
         """The batch's span, a child of the first member's stage span and linked to every member's; when the
-        first member is not sampled, no span, but the hop still carries that member's (unsampled) context."""
+        first member is neither sampled nor recorded, no span, but the hop still carries that member's (unsampled)
+        context."""
         first = members[0]
-        if not first.trace_flags.sampled:
+        if not first.trace_flags.sampled and recording.recorder() is None:
             return trace.use_span(trace.NonRecordingSpan(first))
         links = [trace.Link(m, {"batch.index": i}) for i, m in enumerate(members) if m.is_valid]
         return tracer.start_as_current_span(

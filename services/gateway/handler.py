@@ -13,9 +13,11 @@ import time
 
 import grpc
 import numpy as np
+from opentelemetry import trace
 
 from services.common.errors import InvalidArgument, MeshserveError, NotFound, Unavailable
 from services.common.metrics import trace_exemplar
+from services.common.recording import DEGRADED, PIPELINE
 from services.common.server import Lifecycle
 from services.gateway import metrics
 from services.gateway.admission import Admission, Permit
@@ -138,6 +140,8 @@ class GatewayHandler:
     ) -> PipelineResponse:
         """Check, admit, run and count one pipeline request."""
         spec = self._spec(request.pipeline)
+        span = trace.get_current_span()  # the request's server span: what the edge's keep decision reads
+        span.set_attribute(PIPELINE, spec.name)
         if request.version not in ("", PIPELINE_VERSION):
             raise NotFound(f"pipeline {spec.name!r} has only version 1 (asked for {request.version!r})")
         rows, inputs = check_inputs(spec, request.inputs)
@@ -159,6 +163,7 @@ class GatewayHandler:
                 metrics.STAGE_SECONDS.labels(spec.name, stage).observe(ms / 1e3)
         if answer.degraded:
             metrics.DEGRADED.labels(spec.name, answer.degraded).inc()
+            span.set_attribute(DEGRADED, answer.degraded)
         self.stats.succeeded(spec.name, answer, rows, elapsed)
         return self._response(spec, request, answer, elapsed)
 

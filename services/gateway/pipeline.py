@@ -157,6 +157,23 @@ class Batching(_Strict):
     )
 
 
+class Tracing(_Strict):
+    """When the gateway keeps a request's trace under always-on recording (MESHSERVE_TRACING_MODE retroactive, or
+    auto with peers): a non-OK status, a degraded answer or a caller's sampled traceparent always keep it; these
+    add a latency bound and a random baseline. Unset fields take MESHSERVE_TRACING_SLOW_MS, _SLOW_PERCENTILE and
+    _BASELINE; 0 turns a latency bound off."""
+
+    slow_ms: float | None = Field(None, ge=0, description="Keep a request slower than this (ms); 0: no fixed bound.")
+    slow_percentile: float | None = Field(
+        None,
+        ge=0,
+        lt=100,
+        description="Keep a request slower than this percentile of the pipeline's recent successful requests "
+        "(e.g. 99: the slowest 1%); 0: no rolling bound.",
+    )
+    baseline: float | None = Field(None, ge=0, le=1, description="Share of requests kept at random (e.g. 0.01).")
+
+
 class PipelineSpec(_Strict):
     name: str = Field(pattern=r"^[a-z][a-z0-9_\-]*$")
     description: str = ""
@@ -171,6 +188,7 @@ class PipelineSpec(_Strict):
     degradation: Degradation = Degradation()
     admission: Admission = Admission()
     batching: Batching = Batching()
+    tracing: Tracing = Tracing()
 
     @model_validator(mode="after")
     def _references(self) -> PipelineSpec:

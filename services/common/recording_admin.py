@@ -1,0 +1,135 @@
+"""A recording process's admin HTTP endpoint (on its metrics port): `/metrics`, and its buffer for collectors.
+
+* `POST /recording/collect` `{"trace_ids": [hex, ...], "collector": id}`: this process's spans of those traces,
+  removed from its buffer, as OTLP `ResourceSpans` (base64 of the protobuf) with its resource, and the ids of the
+  traces it lost spans of (its buffer rolled over): `{"service", "spans", "lost": [hex], "otlp"}`. A request from
+  this process's own collector is answered `{"self": true}` (it reads its buffer directly).
+* `POST /recording/trigger` `{"trace_id": hex, "trigger": name}`: another process saw a symptom (the model service:
+  a long queue wait); an edge keeps the trace when its request ends here (`{"seen": bool}`).
+
+Requests are served on threads; the buffer is touched only on the event loop (the answer is encoded here, off it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import concurrent.futures
+import json
+import logging
+import re
+import threading
+from collections.abc import Callable
+from http.server import ThreadingHTTPServer
+from typing import Any, TypeVar
+
+from prometheus_client.exposition import MetricsHandler
+
+from services.common.recording import Recorder
+from services.common.recording_otlp import resource_spans
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+MAX_BODY = 1 << 20
+MAX_IDS = 20_000
+ON_LOOP_TIMEOUT_S = 5.0
+_HEX32 = re.compile(r"^[0-9a-f]{32}$")
+
+
+class AdminServer:
+    """The admin endpoint of one process: start() binds (port 0 picks one) and serves on a thread."""
+
+    def __init__(self, recorder: Recorder, instance_id: str, host: str, port: int) -> None:
+        self.recorder = recorder
+        self.instance_id = instance_id
+        self.loop = asyncio.get_running_loop()
+        admin = self
+
+        class Handler(MetricsHandler):
+            def do_POST(self) -> None:
+                admin.handle_post(self)
+
+        self.server = ThreadingHTTPServer((host, port), Handler)
+        self.server.daemon_threads = True
+        self.port = int(self.server.server_address[1])
+        self._thread = threading.Thread(target=self.server.serve_forever, name="admin-http", daemon=True)
+
+    def start(self) -> int:
+        self._thread.start()
+        return self.port
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def on_loop(self, call: Callable[[], T]) -> T:
+        """Run `call` on the event loop (the buffer's only thread) and wait for it."""
+        done: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+        def run() -> None:
+            try:
+                done.set_result(call())
+            except BaseException as exc:  # handed to the waiting thread
+                done.set_exception(exc)
+
+        self.loop.call_soon_threadsafe(run)
+        return done.result(ON_LOOP_TIMEOUT_S)
+
+    def handle_post(self, handler: MetricsHandler) -> None:
+        try:
+            length = int(handler.headers.get("Content-Length") or 0)
+            if length > MAX_BODY:
+                raise ValueError("body too large")
+            body = json.loads(handler.rfile.read(length) or b"{}")
+            if not isinstance(body, dict):
+                raise ValueError("not a JSON object")
+            if handler.path == "/recording/collect":
+                answer = self.collect(body)
+            elif handler.path == "/recording/trigger":
+                answer = self.trigger(body)
+            else:
+                self._reply(handler, 404, {"error": "not found"})
+                return
+        except (ValueError, TypeError) as exc:
+            self._reply(handler, 400, {"error": str(exc)[:200]})
+            return
+        except Exception as exc:
+            log.exception("admin request %s failed", handler.path)
+            self._reply(handler, 500, {"error": repr(exc)[:200]})
+            return
+        self._reply(handler, 200, answer)
+
+    def collect(self, body: dict[str, Any]) -> dict[str, Any]:
+        if body.get("collector") == self.instance_id:
+            return {"self": True}
+        ids = [_trace_id(t) for t in body.get("trace_ids", [])[:MAX_IDS]]
+        spans, lost = self.on_loop(lambda: self.recorder.take(ids))
+        otlp = resource_spans(spans, self.recorder.resource, via=True).SerializeToString() if spans else b""
+        return {
+            "service": self.recorder.service,
+            "spans": len(spans),
+            "lost": [f"{t:032x}" for t in lost],
+            "otlp": base64.b64encode(otlp).decode(),
+        }
+
+    def trigger(self, body: dict[str, Any]) -> dict[str, Any]:
+        trace_id = _trace_id(body.get("trace_id"))
+        name = str(body.get("trigger") or "")[:64]
+        if not name:
+            raise ValueError("no trigger")
+        return {"seen": self.on_loop(lambda: self.recorder.external_trigger(trace_id, name))}
+
+    @staticmethod
+    def _reply(handler: MetricsHandler, status: int, answer: dict[str, Any]) -> None:
+        data = json.dumps(answer).encode()
+        handler.send_response(status)
+        handler.send_header("Content-Type", "application/json")
+        handler.send_header("Content-Length", str(len(data)))
+        handler.end_headers()
+        handler.wfile.write(data)
+
+
+def _trace_id(value: Any) -> int:
+    if not isinstance(value, str) or not _HEX32.match(value):
+        raise ValueError(f"not a trace id (32 lowercase hex digits): {str(value)[:40]!r}")
+    return int(value, 16)

@@ -1,0 +1,228 @@
+"""Retroactive collection: a short while after a trace is kept here, its spans are gathered from this process's
+buffer and from every peer's (one request per peer for all the traces then due, plus the traces whose batched calls
+they waited on), made whole or marked partial (recording_assemble) and exported as one OTLP request. Triggers seen
+by a process that is not the edge go to the peers (the edge among them keeps the trace). Head-sampled spans are
+exported on a timer."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import json
+import logging
+import socket
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from opentelemetry.proto.trace.v1 import trace_pb2
+
+from services.common.recording import LINKED, Kept, Recorder
+from services.common.recording_assemble import Part, assemble
+from services.common.recording_otlp import OtlpExporter, resource_spans
+from services.common.recording_settings import RecordingSettings
+
+log = logging.getLogger(__name__)
+RESOLVE_EVERY_S = 5.0
+MAX_ANSWER = 64 << 20
+
+
+async def post(host: str, port: int, path: str, body: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    """One HTTP/1.1 POST of a JSON body; the JSON answer (raises OSError, TimeoutError or ValueError)."""
+
+    async def call() -> dict[str, Any]:
+        reader, writer = await asyncio.open_connection(host, port)
+        try:
+            data = json.dumps(body).encode()
+            head = (
+                f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n"
+            )
+            writer.write(head.encode() + data)
+            await writer.drain()
+            status = await reader.readline()
+            length = None
+            while True:
+                line = await reader.readline()
+                if line in (b"\r\n", b"\n", b""):
+                    break
+                name, _, value = line.decode("latin-1").partition(":")
+                if name.strip().lower() == "content-length":
+                    length = int(value.strip())
+            if length is not None and length > MAX_ANSWER:
+                raise ValueError(f"answer of {length} bytes")
+            payload = await (reader.readexactly(length) if length is not None else reader.read(MAX_ANSWER))
+        finally:
+            writer.close()
+        parts = status.split()
+        if len(parts) < 2 or parts[1] != b"200":
+            raise ValueError(f"{path}: {status.decode('latin-1').strip()} {payload[:200]!r}")
+        answer = json.loads(payload)
+        if not isinstance(answer, dict):
+            raise ValueError(f"{path}: not a JSON object")
+        return answer
+
+    return await asyncio.wait_for(call(), timeout_s)
+
+
+class Collector:
+    """Collects the traces its Recorder keeps and exports them; exports the Recorder's head-sampled spans.
+
+    Build and start it inside the event loop; `close()` collects what is still pending and flushes.
+    """
+
+    def __init__(self, recorder: Recorder, settings: RecordingSettings, exporter: OtlpExporter, instance_id: str):
+        self.recorder = recorder
+        self.settings = settings
+        self.exporter = exporter
+        self.instance_id = instance_id
+        self.delay_s = settings.collect_delay_ms / 1e3
+        self.timeout_s = settings.collect_timeout_ms / 1e3
+        self.pending: dict[int, Kept] = {}
+        self.collected: dict[str, int] = {"complete": 0, "partial": 0}
+        self.last_missing: list[str] = []
+        self._timer: asyncio.TimerHandle | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._resolved: tuple[float, list[tuple[str, int, str]]] = (0.0, [])
+        self._flusher: asyncio.Task[None] | None = None
+        recorder.on_keep = self.schedule
+        recorder.on_trigger = self.announce
+
+    def start(self) -> None:
+        self._flusher = asyncio.get_running_loop().create_task(self._flush_sampled())
+
+    # -- kept traces ---------------------------------------------------------------------------------------
+
+    def schedule(self, kept: Kept) -> None:
+        self.pending[kept.trace_id] = kept
+        if self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(self.delay_s, self._launch)
+
+    def _launch(self) -> None:
+        """Collect every pending trace that is due (or nearly: one request per peer serves them all)."""
+        self._timer = None
+        now = time.monotonic()
+        slack = min(0.1, self.delay_s / 3)
+        due = [k for k in self.pending.values() if k.at + self.delay_s - slack <= now]
+        for kept in due:
+            del self.pending[kept.trace_id]
+        if due:
+            self._spawn(self.collect(due))
+        if self.pending:
+            first = next(iter(self.pending.values()))
+            wait = max(0.0, first.at + self.delay_s - now)
+            self._timer = asyncio.get_running_loop().call_later(wait, self._launch)
+
+    def _spawn(self, work: Any) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def collect(self, batch: Sequence[Kept]) -> dict[bytes, Any]:
+        """Gather, assemble and export these kept traces (and the traces they waited on); the outcome of each."""
+        wanted: dict[int, set[str]] = {k.trace_id: set(k.triggers) for k in batch}
+        for kept in batch:
+            for leader in kept.leaders:
+                wanted.setdefault(leader, {LINKED})
+        ids = list(wanted)
+        spans, lost = self.recorder.take(ids)
+        own = Part(f"{self.recorder.service}@self", resource_spans(spans, self.recorder.resource, via=True))
+        own.lost = {t.to_bytes(16, "big") for t in lost}
+        peers = await self._peers()
+        body = {"trace_ids": [f"{t:032x}" for t in ids], "collector": self.instance_id}
+        answers = await asyncio.gather(*(self._ask(host, port, label, body) for host, port, label in peers))
+        parts = [own, *(p for p in answers if p is not None)]
+        outcomes = assemble(parts, {t.to_bytes(16, "big"): names for t, names in wanted.items()})
+        for trace_id, outcome in outcomes.items():
+            if wanted[int.from_bytes(trace_id, "big")] == {LINKED} and not outcome.spans:
+                continue
+            self.collected["partial" if outcome.partial else "complete"] += 1
+            if outcome.partial:
+                self.last_missing = outcome.missing
+        await self.exporter.export([p.resource for p in parts if p.resource is not None and p.resource.scope_spans])
+        return outcomes
+
+    async def _ask(self, host: str, port: int, label: str, body: dict[str, Any]) -> Part | None:
+        """One peer's part; None for this process itself; an unanswered Part when it could not be asked."""
+        try:
+            answer = await post(host, port, "/recording/collect", body, self.timeout_s)
+        except (OSError, TimeoutError, ValueError) as exc:
+            log.debug("collection from %s failed: %s", label, exc)
+            return Part(label, None)
+        if answer.get("self"):
+            return None
+        resource = trace_pb2.ResourceSpans()
+        try:
+            resource.ParseFromString(base64.b64decode(answer.get("otlp") or ""))
+        except (binascii.Error, ValueError) as exc:
+            log.warning("collection from %s: unreadable answer (%s)", label, exc)
+            return Part(label, None)
+        service = str(answer.get("service") or "?")
+        lost = {bytes.fromhex(t) for t in answer.get("lost", []) if isinstance(t, str) and len(t) == 32}
+        return Part(f"{service}@{label}", resource, lost)
+
+    async def _peers(self) -> list[tuple[str, int, str]]:
+        """(address, port, label) of every peer, names resolved to all their addresses (re-resolved every 5 s)."""
+        at, resolved = self._resolved
+        if time.monotonic() - at < RESOLVE_EVERY_S:
+            return resolved
+        loop = asyncio.get_running_loop()
+        out: dict[tuple[str, int], str] = {}
+        for peer in self.settings.peers:
+            host, _, port_text = peer.rpartition(":")
+            host = host.strip("[]")
+            try:
+                port = int(port_text)
+                infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+            except (OSError, ValueError) as exc:
+                log.warning("tracing peer %r does not resolve: %s", peer, exc)
+                continue
+            for info in infos:
+                address = str(info[4][0])
+                out.setdefault((address, port), f"{address}:{port}")
+        resolved = [(a, p, label) for (a, p), label in out.items()]
+        self._resolved = (time.monotonic(), resolved)
+        return resolved
+
+    # -- triggers for the edge -----------------------------------------------------------------------------
+
+    def announce(self, trace_id: int, name: str) -> None:
+        """Tell every peer of a trigger seen here (the edge that served the request keeps the trace)."""
+        self._spawn(self._announce(trace_id, name))
+
+    async def _announce(self, trace_id: int, name: str) -> None:
+        body = {"trace_id": f"{trace_id:032x}", "trigger": name}
+        for host, port, label in await self._peers():
+            try:
+                await post(host, port, "/recording/trigger", body, self.timeout_s)
+            except (OSError, TimeoutError, ValueError) as exc:
+                log.debug("trigger to %s failed: %s", label, exc)
+
+    # -- head-sampled spans --------------------------------------------------------------------------------
+
+    async def _flush_sampled(self) -> None:
+        every = self.settings.export_delay_ms / 1e3
+        while True:
+            await asyncio.sleep(every)
+            await self.flush_sampled()
+
+    async def flush_sampled(self) -> None:
+        spans = self.recorder.drain_sampled()
+        if spans:
+            await self.exporter.export([resource_spans(spans, self.recorder.resource)])
+
+    async def close(self) -> None:
+        """Collect every pending trace now, export the sampled spans, stop."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._flusher is not None:
+            self._flusher.cancel()
+        if self.pending:
+            batch, self.pending = list(self.pending.values()), {}
+            self._spawn(self.collect(batch))
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=self.timeout_s + 2.0)
+        await self.flush_sampled()
+        await self.exporter.close()

@@ -1,0 +1,94 @@
+"""Settings of always-on recording and retroactive trace collection, shared by every service (`MESHSERVE_TRACING_*`)."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+
+class RecordingSettings(BaseSettings):
+    """How a process traces once an OTLP endpoint is configured (OTEL_EXPORTER_OTLP_ENDPOINT; without one, nothing).
+
+    The same variables go to every process of a stack (like MESHSERVE_REDIS_URL). The gateway's per-pipeline
+    triggers live in the pipeline files (`tracing:`); the values here are the defaults of pipelines without one and
+    of calls that are not pipeline requests.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="MESHSERVE_TRACING_", extra="ignore", frozen=True)
+
+    mode: Literal["auto", "head", "retroactive"] = Field(
+        "auto",
+        description="`retroactive`: record every request into a bounded in-memory buffer and export a trace only "
+        "once the edge keeps it (slow, failed, degraded, sampled by its caller, or the random baseline), collected "
+        "from every process it touched; `head`: the OpenTelemetry SDK with its sampler (OTEL_TRACES_SAMPLER), every "
+        "sampled span exported; `auto`: retroactive when `peers` are given, else head.",
+    )
+    peers: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Admin (metrics) addresses `host:port` of every process whose buffer a kept trace is collected "
+        "from (JSON list or comma-separated); a name resolving to several addresses (a Kubernetes headless Service) "
+        "means every one of them. This process's own address may be listed.",
+    )
+    buffer_spans: int = Field(
+        20_000,
+        ge=1,
+        description="Spans one process keeps in memory; past it the oldest traces go, whole, and a trace collected "
+        "after losing spans to it is marked partial.",
+    )
+    remember_evicted: int = Field(
+        200_000, ge=0, description="Evicted trace ids remembered, so that a collection can tell lost from untouched."
+    )
+    collect_delay_ms: float = Field(
+        300.0,
+        ge=0,
+        description="How long after the keep decision the collection starts (work that ends after the answer, such "
+        "as the cache store, lands first); kept traces are collected together, one request per process.",
+    )
+    collect_timeout_ms: float = Field(1000.0, gt=0, description="How long a process's buffer may take to answer.")
+    max_kept_per_s: float = Field(
+        200.0,
+        gt=0,
+        description="Most traces kept per second and process (a burst of errors must not become a collection storm); "
+        "beyond it keeps are dropped and counted (meshserve_tracing_keep_dropped_total).",
+    )
+    max_pending: int = Field(
+        10_000, ge=1, description="Kept traces waiting for collection; beyond it keeps are dropped and counted."
+    )
+    slow_ms: float = Field(
+        0.0, ge=0, description="Default latency trigger: keep a request slower than this (ms); 0: no fixed bound."
+    )
+    slow_percentile: float = Field(
+        99.0,
+        ge=0,
+        lt=100,
+        description="Default latency trigger: keep a request slower than this rolling percentile of its pipeline's "
+        "recent successful requests; 0: no rolling bound.",
+    )
+    baseline: float = Field(0.01, ge=0, le=1, description="Share of requests kept at random, whatever they did.")
+    queue_wait_ms: float = Field(
+        0.0,
+        ge=0,
+        description="Model service trigger: keep a request whose wait in a batch queue exceeded this (ms); 0: off.",
+    )
+    export_delay_ms: float = Field(
+        500.0, gt=0, description="How often head-sampled spans (a caller's sampled traceparent) are exported."
+    )
+    export_max_spans: int = Field(
+        20_000, ge=1, description="Head-sampled spans waiting for export; past it they are dropped (and counted)."
+    )
+
+    @field_validator("peers", mode="before")
+    @classmethod
+    def _peer_list(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            text = value.strip()
+            return json.loads(text) if text.startswith("[") else [p.strip() for p in text.split(",") if p.strip()]
+        return value
+
+    @property
+    def retroactive(self) -> bool:
+        """Whether this process records and collects (the mode, with `auto` resolved)."""
+        return self.mode == "retroactive" or (self.mode == "auto" and bool(self.peers))
