@@ -48,7 +48,7 @@ def test_the_total_cap_holds_across_pools() -> None:
 
 
 def test_the_limit_shrinks_when_latency_rises_and_grows_back() -> None:
-    limit = GradientLimit(initial=32, min_limit=4, max_limit=64, window=4)
+    limit = GradientLimit(initial=32, min_limit=4, max_limit=64, window=4, target_s=0.02)
     for _ in range(40):
         limit.on_sample(0.010, inflight=32)
     steady = limit.value
@@ -63,15 +63,15 @@ def test_the_limit_shrinks_when_latency_rises_and_grows_back() -> None:
 
 
 def test_a_sustained_overload_keeps_the_limit_down() -> None:
-    """Queueing latency that lasts is not taken for the new baseline within seconds: the limit stays low (the
-    excess is refused) for as long as the queueing goes on, and comes back when latency does."""
-    limit = GradientLimit(initial=64, min_limit=16, max_limit=64)
+    """Queueing past the target that lasts keeps the limit low (the excess is refused) for as long as it goes on,
+    and the limit comes back when latency does."""
+    limit = GradientLimit(initial=64, min_limit=16, max_limit=64, target_s=0.02)
     for _ in range(2000):
         limit.on_sample(0.010, inflight=limit.value)
     assert limit.value == 64
     for _ in range(9000):  # 5x the quiet latency for 9,000 requests (30 s at 300 req/s)
         limit.on_sample(0.050, inflight=limit.value)
-    assert limit.value <= 24  # (the symmetric baseline of before was back at the cap, 64, within 2,000)
+    assert limit.value == 16  # (a symmetric latency baseline was back at the cap, 64, within 2,000)
     for _ in range(2000):
         limit.on_sample(0.010, inflight=limit.value)
     assert limit.value == 64
@@ -117,9 +117,20 @@ def test_a_bad_priority_is_invalid_argument() -> None:
 
 def test_a_slow_minority_does_not_shrink_the_limit() -> None:
     """A third of the answers held 2 s by a stopped replica is not queueing: the median stays put, the limit too."""
-    limit = GradientLimit(initial=64, min_limit=16, max_limit=64, window=16)
+    limit = GradientLimit(initial=64, min_limit=16, max_limit=64, window=16, target_s=0.02)
     for _ in range(800):
         limit.on_sample(0.010, inflight=64)
     for i in range(1600):
         limit.on_sample(2.0 if i % 3 == 0 else 0.010, inflight=64)
+    assert limit.value == 64
+
+
+def test_healthy_latency_under_the_target_is_never_refused_more() -> None:
+    """Latency that rises with load but stays under the target (bigger micro-batches at 90% of capacity) keeps
+    the limit at its cap: only latency past the target is overload."""
+    limit = GradientLimit(initial=64, min_limit=16, max_limit=64, target_s=0.25)
+    for _ in range(500):
+        limit.on_sample(0.020, inflight=64)  # 50% load
+    for _ in range(5000):
+        limit.on_sample(0.200, inflight=64)  # 90% load: ten times the latency, still under the target
     assert limit.value == 64
