@@ -1,4 +1,6 @@
-"""`make bench`: the model service against the bare-gRPC floor, batching on vs off, and INT8 vs FP32."""
+"""`make bench`: the model service against the bare-gRPC floor, batching on vs off, ONNX Runtime against TorchScript
+(in process at batch 1 and 32, served at c=1 and c=32, for both demo models and the heavy one), and static INT8
+against FP32 (ONNX Runtime on the CPU, the heavy model at batch 32)."""
 
 from __future__ import annotations
 
@@ -8,7 +10,6 @@ import statistics
 import sys
 import tempfile
 import time
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,14 +23,20 @@ from bench.serving import ROOT, ServerStartError, free_port, running
 
 MODELS = ROOT / "models"
 FRAUD = "fraud_mlp"
+DIGITS = "digits_cnn"
 HEAVY = "heavy_mlp"
+HEAVY_FOLDER = Path("bench") / HEAVY  # under the repository root, beside the demo (built by `make models`)
 FRAUD_CONCURRENCY = (1, 8, 32)
 HEAVY_CONCURRENCY = 32
 FORWARD_BATCH = 32
-HIDDEN = 4096
 HEAVY_DELAY_US = 8000
 SEED = 1234
 PREFIX = "model_service"
+ENGINES = ("onnxruntime", "torchscript")
+ENGINE_MODELS = (FRAUD, DIGITS, HEAVY)
+ENGINE_BATCHES = (1, FORWARD_BATCH)
+ENGINE_CONCURRENCY = (1, 32)
+SECTIONS = ("serving", "engines")
 
 FLOOR = "floor"
 ON = "batching on"
@@ -49,58 +56,69 @@ def _write_config(model_dir: Path, config: dict[str, Any]) -> None:
     (model_dir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
 
 
-def copy_fraud(repo: Path, batching: bool, models: Path = MODELS) -> None:
-    """Copy models/fraud_mlp (config and version 1 only) into `repo`; drop dynamic_batching when off."""
-    src = models / FRAUD
-    dst = repo / FRAUD
+def model_dir(model: str, models: Path = MODELS) -> Path:
+    """Where `model` lives in the repository at `models` (the heavy one under bench/)."""
+    return models / HEAVY_FOLDER if model == HEAVY else models / model
+
+
+def _with_backend(config: dict[str, Any], backend: str | None) -> dict[str, Any]:
+    if backend is not None:
+        config["backend"] = backend
+        config.pop("default_model_filename", None)  # the backend's own file
+    return config
+
+
+def copy_fraud(repo: Path, batching: bool, models: Path = MODELS, backend: str | None = None) -> None:
+    """Copy models/fraud_mlp (config and version 1 only) into `repo`; drop dynamic_batching when off; `backend`
+    overrides the config's."""
+    copy_model(repo, FRAUD, batching, models, backend)
+
+
+def copy_model(repo: Path, model: str, batching: bool, models: Path = MODELS, backend: str | None = None) -> None:
+    """A demo model's config and version 1 in `repo` (see copy_fraud)."""
+    src = model_dir(model, models)
+    dst = repo / model
     (dst / "1").mkdir(parents=True)
     for item in (src / "1").iterdir():
         (shutil.copytree if item.is_dir() else shutil.copy2)(item, dst / "1" / item.name)
     config = yaml.safe_load((src / "config.yaml").read_text())
     if not batching:
         config.pop("dynamic_batching", None)
-    _write_config(dst, _serve_v1_only(config))
+    _write_config(dst, _serve_v1_only(_with_backend(config, backend)))
 
 
-def heavy_module():  # -> torch.nn.Module; torch imported lazily (slow import)
-    """Linear(64,4096) -> ReLU -> Linear(4096,4096) -> ReLU -> Linear(4096,1), seeded, in eval mode."""
-    import torch
-
-    gen_state = torch.random.get_rng_state()
-    torch.manual_seed(SEED)
-    try:
-        module = torch.nn.Sequential(
-            torch.nn.Linear(64, HIDDEN),
-            torch.nn.ReLU(),
-            torch.nn.Linear(HIDDEN, HIDDEN),
-            torch.nn.ReLU(),
-            torch.nn.Linear(HIDDEN, 1),
-        ).eval()
-    finally:
-        torch.random.set_rng_state(gen_state)
-    return module
+def heavy_file(models: Path = MODELS) -> Path:
+    """The heavy model's TorchScript file (model.onnx beside it), as `make models` writes it."""
+    return model_dir(HEAVY, models) / "1" / "model.pt"
 
 
-def write_heavy(repo: Path, batching: bool, model_file: Path, models: Path = MODELS) -> None:
-    """The heavy model's repository entry: config like fraud_mlp's, version 1 = `model_file`."""
+def write_heavy(
+    repo: Path, batching: bool, model_file: Path, models: Path = MODELS, backend: str | None = None
+) -> None:
+    """The heavy model's repository entry: its committed config (backend overridden by `backend`), version 1 =
+    `model_file` with the model.onnx beside it when there is one; without batching, no dynamic_batching."""
     dst = repo / HEAVY
     (dst / "1").mkdir(parents=True)
     shutil.copy2(model_file, dst / "1" / "model.pt")
-    fraud_config = yaml.safe_load((models / FRAUD / "config.yaml").read_text())
-    config: dict[str, Any] = {
-        "name": HEAVY,
-        "backend": "torchscript",
-        "max_batch_size": 128,
-        "inputs": [{"name": "features", "datatype": "FP32", "dims": [64]}],
-        "outputs": [{"name": "score", "datatype": "FP32", "dims": [1]}],
-    }
+    onnx_file = model_file.with_name("model.onnx")
+    if onnx_file.is_file():
+        shutil.copy2(onnx_file, dst / "1" / "model.onnx")
+    committed = model_dir(HEAVY, models) / "config.yaml"
+    config: dict[str, Any] = yaml.safe_load(committed.read_text()) if committed.is_file() else {}
+    config.setdefault("name", HEAVY)
+    config.setdefault("max_batch_size", 128)
+    config.setdefault("inputs", [{"name": "features", "datatype": "FP32", "dims": [64]}])
+    config.setdefault("outputs", [{"name": "score", "datatype": "FP32", "dims": [1]}])
     if batching:
         # A long forward is far cheaper per row in one large batch: wait up to 8 ms for the rows just answered.
         config["dynamic_batching"] = {
-            **(fraud_config.get("dynamic_batching") or {}),
+            "max_queue_size": 4096,
+            **(config.get("dynamic_batching") or {}),
             "max_queue_delay_us": HEAVY_DELAY_US,
         }
-    _write_config(dst, _serve_v1_only(config))
+    else:
+        config.pop("dynamic_batching", None)
+    _write_config(dst, _serve_v1_only(_with_backend(config, backend)))
 
 
 # ----------------------------------------------------------------------------- in-process forward
@@ -126,29 +144,63 @@ def _rows_per_second(fn: Callable[[], Any], rows: int, repeats: int = 7, min_win
 
 @dataclass
 class Forward:
-    fp32_rows_s: float
-    int8_rows_s: float
-    max_abs_diff: float
+    """In-process forward rates: per (model, backend, batch) rows/s, and static INT8 against FP32 on the heavy model."""
+
+    rows_s: dict[tuple[str, str, int], float]
+    int8: dict[str, float]  # fp32_rows_s, int8_rows_s, max_abs_diff (ONNX Runtime); torchscript_* likewise
     rows_compared: int
 
 
-def measure_forward(model_file: Path, batch: int = FORWARD_BATCH, compare_rows: int = 4096) -> Forward:
-    """FP32 TorchScript vs quantize_dynamic_jit INT8, in process: rows/s at `batch`, largest |diff|."""
+def _load_version(model: str, backend: str, version: int, models: Path, torch_threads: int) -> Any:
+    """One version of a built model loaded by `backend`, threads as the service gives them: one for the small
+    models (their forwards run inline), the backend's pool for the heavy one (on worker threads)."""
     import torch
 
-    scripted = torch.jit.load(str(model_file)).eval()
-    with warnings.catch_warnings():  # deprecation notices from torch.ao / torch.jit, not results
-        warnings.simplefilter("ignore")
-        qconfig = {"": torch.ao.quantization.default_dynamic_qconfig}
-        int8 = torch.ao.quantization.quantize_dynamic_jit(scripted, qconfig)
-    gen = torch.Generator().manual_seed(SEED)
-    x = torch.randn(batch, 64, generator=gen)
-    rows = torch.randn(compare_rows, 64, generator=gen)
+    from services.model.backends import get_backend
+    from services.model.config import ModelConfig
+
+    folder = model_dir(model, models)
+    document = _with_backend(yaml.safe_load((folder / "config.yaml").read_text()), backend)
+    config = ModelConfig.model_validate({**document, "device": "cpu"})
+    loaded = get_backend(backend).load(folder / str(version), config, version)
+    inline = model != HEAVY
+    loaded.executes(inline)
+    torch.set_num_threads(1 if inline else torch_threads)
+    return config, loaded
+
+
+def measure_forward(models: Path = MODELS, compare_rows: int = 4096) -> Forward:
+    """ONNX Runtime against TorchScript in process, each model at batch 1 and 32; then the heavy model's static INT8
+    version against its FP32 one (both backends) at batch 32, and the largest |score diff| over `compare_rows`."""
+    import numpy as np
+    import torch
+
+    from services.model.export import sample_rows
+
+    threads = torch.get_num_threads()  # torch's default, what a threaded heavy model gets
+    rates: dict[tuple[str, str, int], float] = {}
     with torch.inference_mode():
-        fp32_rate = _rows_per_second(lambda: scripted(x), batch)
-        int8_rate = _rows_per_second(lambda: int8(x), batch)
-        diff = (scripted(rows) - int8(rows)).abs().max().item()
-    return Forward(fp32_rate, int8_rate, float(diff), compare_rows)
+        for model in ENGINE_MODELS:
+            for backend in ENGINES:
+                config, loaded = _load_version(model, backend, 1, models, threads)
+                for batch in ENGINE_BATCHES:
+                    x = sample_rows(config, batch, seed=SEED)
+                    rates[(model, backend, batch)] = _rows_per_second(lambda m=loaded, x=x: m.forward(x), batch)
+                loaded.unload()
+        int8: dict[str, float] = {}
+        for backend, prefix in (("onnxruntime", ""), ("torchscript", "torchscript_")):
+            config, fp32 = _load_version(HEAVY, backend, 1, models, threads)
+            _, quantized = _load_version(HEAVY, backend, 2, models, threads)
+            x = sample_rows(config, FORWARD_BATCH, seed=SEED)
+            rows = sample_rows(config, compare_rows, seed=SEED + 1)
+            int8[f"{prefix}fp32_rows_s"] = _rows_per_second(lambda m=fp32, x=x: m.forward(x), FORWARD_BATCH)
+            int8[f"{prefix}int8_rows_s"] = _rows_per_second(lambda m=quantized, x=x: m.forward(x), FORWARD_BATCH)
+            diff = np.abs(fp32.forward(rows)["score"] - quantized.forward(rows)["score"]).max()
+            int8[f"{prefix}max_abs_diff"] = float(diff)
+            fp32.unload()
+            quantized.unload()
+    torch.set_num_threads(threads)
+    return Forward(rates, int8, compare_rows)
 
 
 # ----------------------------------------------------------------------------- the run
@@ -278,54 +330,72 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.model_service", description=__doc__)
     parser.add_argument("--measurement-ms", type=int, default=3000, help="perf_analyzer window (ms)")
     parser.add_argument("--models", type=Path, default=MODELS, help="model repository holding fraud_mlp")
+    parser.add_argument(
+        "--only", choices=SECTIONS, help="serving: floor and batching on/off; engines: ONNX Runtime vs TorchScript"
+    )
     args = parser.parse_args(argv)
     models_dir: Path = args.models.resolve()
     command = (
         "python -m bench.model_service"
         + (f" --measurement-ms {args.measurement_ms}" if args.measurement_ms != 3000 else "")
         + (f" --models {args.models}" if models_dir != MODELS else "")
+        + (f" --only {args.only}" if args.only else "")
     )
     started = time.monotonic()
-
-    if not (models_dir / FRAUD / "1" / "model.pt").exists():
-        print(f"{models_dir / FRAUD / '1' / 'model.pt'} is missing: run `make models` first", file=sys.stderr)
+    needed = [model_dir(m, models_dir) / "1" / name for m in ENGINE_MODELS for name in ("model.pt", "model.onnx")]
+    needed.append(model_dir(HEAVY, models_dir) / "2" / "model.onnx")
+    missing = [p for p in needed if not p.exists()]
+    if missing:
+        print(f"{missing[0]} is missing: run `make models` first", file=sys.stderr)
         return 1
     ensure_perf_analyzer()
     bench = Bench(args.measurement_ms)
+    sections = [args.only] if args.only else list(SECTIONS)
 
     with tempfile.TemporaryDirectory(prefix="meshserve-bench-") as tmp_name:
         tmp = Path(tmp_name)
-        import torch
+        if "serving" in sections:
+            # One model per server, as each would be deployed: the small model's forwards run inline with one
+            # thread, the heavy model's on a worker thread with the backend's default; each with its config's backend.
+            for target in (ON, OFF):
+                copy_fraud(tmp / f"{target.replace(' ', '_')}-{FRAUD}", batching=target == ON, models=models_dir)
+                write_heavy(
+                    tmp / f"{target.replace(' ', '_')}-{HEAVY}",
+                    batching=target == ON,
+                    model_file=heavy_file(models_dir),
+                    models=models_dir,
+                )
+            bench.serve_floor()
+            for target in (ON, OFF):
+                bench.serve_model_service(
+                    target, tmp / f"{target.replace(' ', '_')}-{FRAUD}", [(FRAUD, c) for c in FRAUD_CONCURRENCY]
+                )
+                heavy_repo = tmp / f"{target.replace(' ', '_')}-{HEAVY}"
+                bench.serve_model_service(target, heavy_repo, [(HEAVY, HEAVY_CONCURRENCY)])
+        if "engines" in sections:
+            for model in ENGINE_MODELS:
+                for backend in ENGINES:
+                    repo = tmp / f"{backend}-{model}"
+                    if model == HEAVY:
+                        write_heavy(repo, True, heavy_file(models_dir), models_dir, backend)
+                    else:
+                        copy_model(repo, model, True, models_dir, backend)
+                    bench.serve_model_service(backend, repo, [(model, c) for c in ENGINE_CONCURRENCY])
 
-        heavy_file = tmp / "heavy_mlp.pt"
-        with warnings.catch_warnings():  # torch.jit.script's deprecation notice
-            warnings.simplefilter("ignore", DeprecationWarning)
-            torch.jit.save(torch.jit.script(heavy_module()), str(heavy_file))
-        # One model per server, as each would be deployed: the small model's forwards run inline with one
-        # torch thread, the heavy model's on a worker thread with torch's default.
-        for target in (ON, OFF):
-            copy_fraud(tmp / f"{target.replace(' ', '_')}-{FRAUD}", batching=target == ON, models=models_dir)
-            write_heavy(
-                tmp / f"{target.replace(' ', '_')}-{HEAVY}",
-                batching=target == ON,
-                model_file=heavy_file,
-                models=models_dir,
-            )
+        print(
+            f"\n[in process] {', '.join(ENGINE_MODELS)}: {' vs '.join(ENGINES)}; {HEAVY} INT8 vs FP32 ...", flush=True
+        )
+        forward = measure_forward(models_dir)
 
-        bench.serve_floor()
-        for target in (ON, OFF):
-            bench.serve_model_service(
-                target, tmp / f"{target.replace(' ', '_')}-{FRAUD}", [(FRAUD, c) for c in FRAUD_CONCURRENCY]
-            )
-            bench.serve_model_service(target, tmp / f"{target.replace(' ', '_')}-{HEAVY}", [(HEAVY, HEAVY_CONCURRENCY)])
-
-        print(f"\n[in process] {HEAVY} forward at batch {FORWARD_BATCH}: FP32 vs INT8 ...", flush=True)
-        forward = measure_forward(heavy_file)
-
-    return bench.finish(report(bench, forward, command), started)
+    return bench.finish(report(bench, forward, command, models_dir), started)
 
 
-def report(bench: Bench, forward: Forward, command: str) -> list[dict[str, Any]]:
+def default_backend(model: str, models: Path = MODELS) -> str:
+    """The backend `model`'s committed config serves it with."""
+    return str(yaml.safe_load((model_dir(model, models) / "config.yaml").read_text()).get("backend", "torchscript"))
+
+
+def report(bench: Bench, forward: Forward, command: str, models: Path = MODELS) -> list[dict[str, Any]]:
     """Print the tables and targets; return every figure for bench/results/latest.json."""
     figures: list[dict[str, Any]] = []
 
@@ -354,38 +424,90 @@ def report(bench: Bench, forward: Forward, command: str) -> list[dict[str, Any]]
         title=f"{FRAUD}, batch-1 requests (perf_analyzer, gRPC)",
     )
 
-    # Table 2: heavy model at c=32 and the in-process limit.
+    # Table 2: heavy model at c=32 and the in-process limit (its forward on the backend that served it).
     on = bench.get(ON, HEAVY, HEAVY_CONCURRENCY)
     off = bench.get(OFF, HEAVY, HEAVY_CONCURRENCY)
-    limit = forward.fp32_rows_s
-    results.print_table(
-        ["heavy_mlp (64-4096-4096-1)", "conc", "infer/s", "p50 ms", "p90 ms", "p99 ms", "vs limit"],
-        [
-            [ON, HEAVY_CONCURRENCY, *perf_cells(on), ratio(on.throughput if on else None, limit)],
-            [OFF, HEAVY_CONCURRENCY, *perf_cells(off), ratio(off.throughput if off else None, limit)],
-            [f"in-process forward, batch {FORWARD_BATCH}", "-", limit, None, None, None, 1.0],
-        ],
-        title=f"{HEAVY}: served at c={HEAVY_CONCURRENCY} vs its in-process forward (the limit)",
-    )
+    heavy_backend = default_backend(HEAVY, models)
+    limit = forward.rows_s.get((HEAVY, heavy_backend, FORWARD_BATCH))
+    if on is not None or off is not None:
+        results.print_table(
+            ["heavy_mlp (64-4096-4096-1)", "conc", "infer/s", "p50 ms", "p90 ms", "p99 ms", "vs limit"],
+            [
+                [ON, HEAVY_CONCURRENCY, *perf_cells(on), ratio(on.throughput if on else None, limit)],
+                [OFF, HEAVY_CONCURRENCY, *perf_cells(off), ratio(off.throughput if off else None, limit)],
+                [f"in-process forward, batch {FORWARD_BATCH}", "-", limit, None, None, None, 1.0],
+            ],
+            title=f"{HEAVY} ({heavy_backend}): served at c={HEAVY_CONCURRENCY} vs its in-process forward (the limit)",
+        )
     for target, r in ((ON, on), (OFF, off)):
         if r is not None:
             key = f"{HEAVY}.{target.replace(' ', '_')}.c{HEAVY_CONCURRENCY}"
-            versus = f"in-process FP32 forward at batch {FORWARD_BATCH} (rows/s)"
+            versus = f"in-process {heavy_backend} FP32 forward at batch {FORWARD_BATCH} (rows/s)"
             fig(f"{key}.throughput", r.throughput, "infer/s", versus, r.command)
             fig(f"{key}.p50", r.p50_ms, "ms", "", r.command)
             fig(f"{key}.p99", r.p99_ms, "ms", "", r.command)
-    fig(f"{HEAVY}.in_process.fp32.b{FORWARD_BATCH}", forward.fp32_rows_s, "rows/s", "")
-    fig(f"{HEAVY}.in_process.int8.b{FORWARD_BATCH}", forward.int8_rows_s, "rows/s", "FP32 in-process")
-    fig(f"{HEAVY}.int8.max_abs_diff", forward.max_abs_diff, "score", f"FP32, {forward.rows_compared} rows")
 
+    # Table 3: ONNX Runtime against TorchScript, in process and served.
+    rows = []
+    onnx, torchscript = ENGINES
+    for model in ENGINE_MODELS:
+        cells: list[Any] = [model]
+        for batch in ENGINE_BATCHES:
+            a, b = forward.rows_s.get((model, onnx, batch)), forward.rows_s.get((model, torchscript, batch))
+            cells += [a, b, ratio(a, b)]
+            for backend, value in ((onnx, a), (torchscript, b)):
+                fig(f"engines.{model}.{backend}.in_process.b{batch}", value, "rows/s", f"{torchscript} in process")
+        for c in ENGINE_CONCURRENCY:
+            a_run, b_run = bench.get(onnx, model, c), bench.get(torchscript, model, c)
+            a, b = (a_run.throughput if a_run else None), (b_run.throughput if b_run else None)
+            cells += [a, b, ratio(a, b)]
+            for backend, run in ((onnx, a_run), (torchscript, b_run)):
+                if run is not None:
+                    key = f"engines.{model}.{backend}.served.c{c}"
+                    versus = f"{torchscript} served at c={c}, batching on"
+                    fig(f"{key}.throughput", run.throughput, "infer/s", versus, run.command)
+                    fig(f"{key}.p50", run.p50_ms, "ms", versus, run.command)
+                    fig(f"{key}.p99", run.p99_ms, "ms", versus, run.command)
+        rows.append([*cells, default_backend(model, models)])
+    headers = ["model"]
+    for batch in ENGINE_BATCHES:
+        headers += [f"b{batch} ORT rows/s", f"b{batch} TS rows/s", "ORT/TS"]
+    for c in ENGINE_CONCURRENCY:
+        headers += [f"c={c} ORT infer/s", f"c={c} TS infer/s", "ORT/TS"]
     results.print_table(
-        ["in-process forward", "rows/s"],
-        [
-            [f"{HEAVY} FP32, batch {FORWARD_BATCH}", forward.fp32_rows_s],
-            [f"{HEAVY} INT8 (quantize_dynamic_jit), batch {FORWARD_BATCH}", forward.int8_rows_s],
-        ],
-        title=f"INT8 vs FP32 (largest |score diff| over {forward.rows_compared} rows: {forward.max_abs_diff:.5f})",
+        [*headers, "serves"],
+        rows,
+        title="ONNX Runtime (ORT) against TorchScript (TS): in process at batch 1 and 32; served, batch-1 requests",
     )
+
+    # Table 4: static INT8 against FP32, the heavy model at batch 32 in process.
+    int8 = forward.int8
+    results.print_table(
+        ["in-process forward, batch 32", "FP32 rows/s", "INT8 rows/s", "INT8/FP32", "max |score diff|"],
+        [
+            [
+                f"{HEAVY} onnxruntime (Q/DQ ONNX)",
+                int8["fp32_rows_s"],
+                int8["int8_rows_s"],
+                ratio(int8["int8_rows_s"], int8["fp32_rows_s"]),
+                f"{int8['max_abs_diff']:.5f}",
+            ],
+            [
+                f"{HEAVY} torchscript (static at load)",
+                int8["torchscript_fp32_rows_s"],
+                int8["torchscript_int8_rows_s"],
+                ratio(int8["torchscript_int8_rows_s"], int8["torchscript_fp32_rows_s"]),
+                f"{int8['torchscript_max_abs_diff']:.5f}",
+            ],
+        ],
+        title=f"static INT8 vs FP32 (score diffs over {forward.rows_compared} rows)",
+    )
+    for prefix, backend in (("", "onnxruntime"), ("torchscript_", "torchscript")):
+        fig(f"{HEAVY}.{backend}.in_process.fp32.b{FORWARD_BATCH}", int8[f"{prefix}fp32_rows_s"], "rows/s", "")
+        versus = f"{backend} FP32 in process"
+        fig(f"{HEAVY}.{backend}.in_process.int8.b{FORWARD_BATCH}", int8[f"{prefix}int8_rows_s"], "rows/s", versus)
+        rows_note = f"{backend} FP32, {forward.rows_compared} rows"
+        fig(f"{HEAVY}.{backend}.int8.max_abs_diff", int8[f"{prefix}max_abs_diff"], "score", rows_note)
 
     # Server-side breakdown, where the server reports ModelStatistics.
     breakdown = [
@@ -466,17 +588,17 @@ def report(bench: Bench, forward: Forward, command: str) -> list[dict[str, Any]]
             f"in-process FP32 forward at batch {FORWARD_BATCH}",
         ),
         (
-            "target.int8_vs_fp32_speed",
-            ratio(forward.int8_rows_s, forward.fp32_rows_s),
-            f"INT8 / FP32 forward speed (batch {FORWARD_BATCH})",
-            3.0,
+            "target.int8_static_vs_fp32_speed",
+            ratio(int8["int8_rows_s"], int8["fp32_rows_s"]),
+            f"{HEAVY} static INT8 / FP32, onnxruntime CPU, batch {FORWARD_BATCH}",
+            2.5,
             "ge",
-            "FP32 forward",
+            "FP32 forward (onnxruntime)",
         ),
         (
-            "target.int8_max_abs_diff",
-            forward.max_abs_diff,
-            "INT8 largest |score diff| vs FP32",
+            "target.int8_static_max_abs_diff",
+            int8["max_abs_diff"],
+            f"{HEAVY} static INT8 largest |score diff| vs FP32",
             0.02,
             "le",
             "FP32 scores",

@@ -1,9 +1,10 @@
 """Configurations of the model service side by side: each variant in its own server, alternated in one run.
 
-A variant changes the model's config.yaml (`config`; `dynamic_batching.<knob>` for a batching knob), the
-service's environment (`env`), or runs another checkout (`tree`, which needs the same models and .venv);
-`floor` is the bare gRPC server. Each variant's server holds the one model asked for (fraud_mlp or the heavy
-model of bench.model_service), and perf_analyzer measures it at each concurrency, `--rounds` times in turn:
+A variant changes the model's config.yaml (`config`, e.g. {"backend": "torchscript"}; `dynamic_batching.<knob>`
+for a batching knob), the service's environment (`env`), or runs another checkout (`tree`, which needs the same
+models and .venv); `floor` is the bare gRPC server. Each variant's server holds the one model asked for (fraud_mlp
+or the heavy model of bench.model_service), and perf_analyzer measures it at each concurrency, `--rounds` times in
+turn:
 
     python -m bench.model_variants '{"floor": {}, "inline": {"config": {"execution": "inline"}},
         "thread": {"config": {"execution": "thread"}}}' --model fraud_mlp --concurrency 1,32 --rounds 2
@@ -16,7 +17,6 @@ import contextlib
 import json
 import sys
 import tempfile
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,7 +28,7 @@ from bench.model_service import (
     HEAVY,
     copy_fraud,
     floor_argv,
-    heavy_module,
+    heavy_file,
     model_service_argv,
     model_service_env,
     write_heavy,
@@ -90,15 +90,9 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[tuple[str, int], list[str]] = {}
     with tempfile.TemporaryDirectory(prefix="meshserve-variants-") as tmp_name:
         tmp = Path(tmp_name)
-        import torch
-
-        heavy_file = tmp / "heavy_mlp.pt"
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)
-            torch.jit.save(torch.jit.script(heavy_module()), str(heavy_file))
         for name, spec in variants.items():
             if name != "floor":
-                write_variant(tmp / name, args.model, heavy_file, spec.get("config", {}))
+                write_variant(tmp / name, args.model, heavy_file(), spec.get("config", {}))
         for round_no in range(args.rounds):
             for name, spec in variants.items():
                 with serve(name, spec, tmp / name, args.model) as server:

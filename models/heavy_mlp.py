@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from services.model.export import FP32_TOLERANCE, export_version, onnx_session, save_rows
+from services.model.export import FP32_TOLERANCE, Int8Recipe, export_version, onnx_session, save_rows
 
 NAME = "heavy_mlp"
 FOLDER = "bench/heavy_mlp"  # under models/, beside no demo: the demo stack loads every model in models/
@@ -25,6 +25,10 @@ VERSIONS = (1, 2)
 VERIFY_ROWS = 1000
 CALIBRATION_ROWS = 1024
 CALIBRATION_FILE = "calibration.npz"
+# The first layer sees the raw rows, whose tails no calibration set bounds (INT8 there moved fresh rows' scores by up
+# to 0.06), and the last makes the score: both stay FP32, 1.6% of the MACs; the 4096x4096 layer, the rest, is INT8
+# with its output quantized too, the form ONNX Runtime runs as one integer kernel.
+INT8_RECIPE = Int8Recipe(float_ends=True)
 
 
 def heavy_module(hidden: int = HIDDEN, seed: int = SEED) -> torch.nn.Module:
@@ -73,6 +77,7 @@ def build(model_dir: Path, hidden: int = HIDDEN) -> dict[str, float]:
         rows=rows(VERIFY_ROWS, SEED + 2),
         int8_calibration=calibration,
         int8_version=2,
+        int8_recipe=INT8_RECIPE,
     )
     assert report.int8_verification is not None and report.int8_path is not None
     fp32, int8 = onnx_session(report.onnx_path), onnx_session(report.int8_path)
