@@ -8,8 +8,10 @@ from collections.abc import Iterable
 from services.traces.store import TraceStore
 
 # The gateway's stage spans and the service whose server span must be below each (through the batch span, which
-# is in this trace or, for a member of another request's batch, linked from that one).
-HOPS = {"cache.lookup": "cache", "features": "feature", "model": "model", "cache.store": "cache"}
+# is in this trace or, for a member of another request's batch, linked from that one). The cache's are not required:
+# a lookup fails open (a late one is a miss, and the cache may never have run it) and the store is off the path; a
+# cache process that lost its part says so in the collection (the trace is then marked partial).
+HOPS = {"features": "feature", "model": "model"}
 STATUS_ERROR = 2
 
 

@@ -44,7 +44,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode, TraceState
 from services.common.errors import InvalidArgument, MeshserveError, client_message
 from services.common.malformed import Malformed, RateLimitedLog, tolerant
 from services.common.metrics import RpcMetrics
-from services.common.recording import PARENT_HEADER, RecordedSpan, RecordingTracer, parse_traceparent
+from services.common.recording import PARENT_HEADER, RecordedSpan, RecordingTracer, enter, leave, parse_traceparent
 
 log = logging.getLogger(__name__)
 
@@ -332,7 +332,7 @@ class ErrorAndMetricsInterceptor(grpc.aio.ServerInterceptor):
                     True,
                     _span_id(via),
                 )
-            token = otel_context.attach(trace.set_span_in_context(span))
+            token = enter(span)
             try:
                 return await behavior(request, context)
             except grpc.aio.AbortError:  # the error mapping (inside this layer) set the status
@@ -347,7 +347,7 @@ class ErrorAndMetricsInterceptor(grpc.aio.ServerInterceptor):
                 span.set_status(Status(StatusCode.ERROR, repr(exc)))
                 raise
             finally:
-                otel_context.detach(token)
+                leave(token)
                 span.end()
 
         return recorded

@@ -22,6 +22,8 @@ from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.context.contextvars_context import ContextVarsRuntimeContext
 from opentelemetry.propagators.textmap import (
     CarrierT,
     Getter,
@@ -31,6 +33,7 @@ from opentelemetry.propagators.textmap import (
     default_setter,
 )
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode, TraceFlags, TraceState
+from opentelemetry.trace import propagation as trace_propagation
 from opentelemetry.util.types import Attributes
 
 log = logging.getLogger(__name__)
@@ -45,6 +48,37 @@ LINKED = "linked"  # the trigger of a trace collected because a kept trace waite
 SAMPLED = 1  # the W3C trace flag
 _NO_STATE = TraceState()
 _getrandbits = random.getrandbits
+# The OTel API's current span, read and set without its layers of calls (a span's cost is mostly these): the SDK's
+# own context variable and key when the runtime context is the default contextvars one, the public API otherwise.
+_RUNTIME = getattr(otel_context, "_RUNTIME_CONTEXT", None)
+_VAR = _RUNTIME._current_context if isinstance(_RUNTIME, ContextVarsRuntimeContext) else None
+_SPAN_KEY: str = getattr(trace_propagation, "_SPAN_KEY", "")
+
+
+def current_span() -> trace.Span:
+    """The current span (the OTel API's `get_current_span()`)."""
+    if _VAR is None or not _SPAN_KEY:
+        return trace.get_current_span()
+    span = _VAR.get().get(_SPAN_KEY)
+    return span if isinstance(span, trace.Span) else trace.INVALID_SPAN
+
+
+def enter(span: trace.Span) -> object:
+    """Make `span` the current span (`attach(set_span_in_context(span))`); the token for `leave`."""
+    if _VAR is None or not _SPAN_KEY:
+        return otel_context.attach(trace.set_span_in_context(span))
+    return _VAR.set(Context({**_VAR.get(), _SPAN_KEY: span}))
+
+
+def leave(token: object) -> None:
+    """Restore the context `enter` replaced."""
+    if _VAR is None or not _SPAN_KEY:
+        otel_context.detach(token)  # type: ignore[arg-type]
+        return
+    try:
+        _VAR.reset(token)  # type: ignore[arg-type]
+    except ValueError:  # made in another context (as the API does: logged, not raised)
+        log.exception("failed to restore the tracing context")
 
 
 class RecordedSpan(trace.Span):
@@ -203,7 +237,7 @@ class _CurrentSpan:
         self.token: object = None
 
     def __enter__(self) -> RecordedSpan:
-        self.token = otel_context.attach(trace.set_span_in_context(self.span))
+        self.token = enter(self.span)
         return self.span
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: Any) -> None:
@@ -213,7 +247,7 @@ class _CurrentSpan:
                 span.record_exception(error, escaped=True)
             if self.set_status_on_exception:
                 span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
-        otel_context.detach(self.token)  # type: ignore[arg-type]
+        leave(self.token)
         if self.end_on_exit:
             span.end()
 
@@ -236,7 +270,7 @@ class RecordingTracer(trace.Tracer):
         record_exception: bool = True,
         set_status_on_exception: bool = True,
     ) -> RecordedSpan:
-        parent = trace.get_current_span(context)
+        parent = current_span() if context is None else trace.get_current_span(context)
         start = start_time if start_time is not None else time.time_ns()
         if type(parent) is RecordedSpan:
             return RecordedSpan(
@@ -443,6 +477,27 @@ class Recorder(trace.TracerProvider):
         trace_id = _getrandbits(128) or 1
         return RecordedSpan(self, scope, name, trace_id, 0, 0, None, kind, start_ns, attributes, links, True)
 
+    def child(self, scope: str, name: str, attributes: Attributes = None) -> _CurrentSpan:
+        """`start_as_current_span(name, attributes=...)` of an instrumentation scope, the common case made short."""
+        parent = current_span()
+        if type(parent) is not RecordedSpan:
+            return self.get_tracer(scope).start_as_current_span(name, attributes=attributes)
+        span = RecordedSpan(
+            self,
+            scope,
+            name,
+            parent.trace_id,
+            parent.span_id,
+            parent.flags,
+            parent.trace_state,
+            SpanKind.INTERNAL,
+            time.time_ns(),
+            attributes,
+            None,
+            False,
+        )
+        return _CurrentSpan(span, True, True, True)
+
     # -- where spans go ------------------------------------------------------------------------------------
 
     def finish(self, span: RecordedSpan) -> None:
@@ -461,7 +516,7 @@ class Recorder(trace.TracerProvider):
             else:
                 self.sampled_dropped += 1
             return
-        kept = self.kept.get(trace_id)
+        kept = self.kept.get(trace_id) if self.kept else None
         if kept is not None:
             kept.spans.append(span)
         else:
@@ -574,24 +629,29 @@ PARENT_HEADER = "x-meshserve-parent"
 
 
 class ParentPropagator(TextMapPropagator):
-    """Writes the current span's id to `x-meshserve-parent` beside `traceparent`: a hop that replaces the traceparent's
-    parent with a span it does not record (an unsampled Envoy) leaves the callee this way to its caller's span."""
+    """The configured propagators (`inner`: W3C trace context and baggage by default), and the current span's id in
+    `x-meshserve-parent` beside them: a hop that replaces the traceparent's parent with a span it does not record (an
+    unsampled Envoy) leaves the callee this way to its caller's span."""
+
+    def __init__(self, inner: TextMapPropagator) -> None:
+        self.inner = inner
 
     def extract(
         self, carrier: CarrierT, context: otel_context.Context | None = None, getter: Getter[CarrierT] = default_getter
     ) -> otel_context.Context:
-        return context if context is not None else otel_context.get_current()
+        return self.inner.extract(carrier, context, getter)
 
     def inject(
         self, carrier: CarrierT, context: otel_context.Context | None = None, setter: Setter[CarrierT] = default_setter
     ) -> None:
-        span = trace.get_current_span(context)
+        self.inner.inject(carrier, context, setter)
+        span = current_span() if context is None else trace.get_current_span(context)
         if type(span) is RecordedSpan:
             setter.set(carrier, PARENT_HEADER, f"{span.span_id:016x}")
 
     @property
     def fields(self) -> set[str]:
-        return {PARENT_HEADER}
+        return {*self.inner.fields, PARENT_HEADER}
 
 
 def parse_traceparent(value: str | None) -> tuple[int, int, int] | None:

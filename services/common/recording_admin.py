@@ -46,6 +46,12 @@ class AdminServer:
         admin = self
 
         class Handler(MetricsHandler):
+            protocol_version = "HTTP/1.1"  # collectors keep their connection (and its thread) across requests
+
+            def do_GET(self) -> None:
+                self.close_connection = True  # /metrics answers without a length: its end is the connection's
+                super().do_GET()
+
             def do_POST(self) -> None:
                 admin.handle_post(self)
 
@@ -122,6 +128,8 @@ class AdminServer:
     @staticmethod
     def _reply(handler: MetricsHandler, status: int, answer: dict[str, Any]) -> None:
         data = json.dumps(answer).encode()
+        if status != 200:
+            handler.close_connection = True  # the body may not have been read: the stream is not trusted after it
         handler.send_response(status)
         handler.send_header("Content-Type", "application/json")
         handler.send_header("Content-Length", str(len(data)))

@@ -28,33 +28,56 @@ RESOLVE_EVERY_S = 5.0
 MAX_ANSWER = 64 << 20
 
 
-async def post(host: str, port: int, path: str, body: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-    """One HTTP/1.1 POST of a JSON body; the JSON answer (raises OSError, TimeoutError or ValueError)."""
+class Peer:
+    """One kept-alive HTTP/1.1 connection to a process's admin endpoint, for JSON POSTs (one at a time)."""
 
-    async def call() -> dict[str, Any]:
-        reader, writer = await asyncio.open_connection(host, port)
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+        self._streams: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+        self._lock = asyncio.Lock()
+
+    async def post(self, path: str, body: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        """The JSON answer (raises OSError, TimeoutError or ValueError); a connection that went stale is
+        reopened once."""
+        async with self._lock:
+            try:
+                return await asyncio.wait_for(self._exchange(path, body), timeout_s)
+            except (OSError, asyncio.IncompleteReadError, ConnectionError):
+                self.close()
+            return await asyncio.wait_for(self._exchange(path, body), timeout_s)
+
+    async def _exchange(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         try:
+            if self._streams is None:
+                self._streams = await asyncio.open_connection(self.host, self.port)
+            reader, writer = self._streams
             data = json.dumps(body).encode()
             head = (
-                f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n"
+                f"POST {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(data)}\r\n\r\n"
             )
             writer.write(head.encode() + data)
             await writer.drain()
             status = await reader.readline()
-            length = None
+            length, close = None, False
             while True:
                 line = await reader.readline()
                 if line in (b"\r\n", b"\n", b""):
                     break
                 name, _, value = line.decode("latin-1").partition(":")
-                if name.strip().lower() == "content-length":
+                name = name.strip().lower()
+                if name == "content-length":
                     length = int(value.strip())
-            if length is not None and length > MAX_ANSWER:
-                raise ValueError(f"answer of {length} bytes")
-            payload = await (reader.readexactly(length) if length is not None else reader.read(MAX_ANSWER))
-        finally:
-            writer.close()
+                elif name == "connection" and value.strip().lower() == "close":
+                    close = True
+            if length is None or length > MAX_ANSWER:
+                raise ValueError(f"{path}: answer without a usable length ({length})")
+            payload = await reader.readexactly(length)
+        except BaseException:
+            self.close()
+            raise
+        if close:
+            self.close()
         parts = status.split()
         if len(parts) < 2 or parts[1] != b"200":
             raise ValueError(f"{path}: {status.decode('latin-1').strip()} {payload[:200]!r}")
@@ -63,7 +86,10 @@ async def post(host: str, port: int, path: str, body: dict[str, Any], timeout_s:
             raise ValueError(f"{path}: not a JSON object")
         return answer
 
-    return await asyncio.wait_for(call(), timeout_s)
+    def close(self) -> None:
+        if self._streams is not None:
+            self._streams[1].close()
+            self._streams = None
 
 
 class Collector:
@@ -79,6 +105,9 @@ class Collector:
         self.instance_id = instance_id
         self.delay_s = settings.collect_delay_ms / 1e3
         self.timeout_s = settings.collect_timeout_ms / 1e3
+        self.interval_s = settings.collect_interval_ms / 1e3
+        self._last = 0.0
+        self._peer_links: dict[tuple[str, int], Peer] = {}
         self.pending: dict[int, Kept] = {}
         self.collected: dict[str, int] = {"complete": 0, "partial": 0}
         self.last_missing: list[str] = []
@@ -97,22 +126,25 @@ class Collector:
     def schedule(self, kept: Kept) -> None:
         self.pending[kept.trace_id] = kept
         if self._timer is None:
-            self._timer = asyncio.get_running_loop().call_later(self.delay_s, self._launch)
+            self._arm(kept.at)
+
+    def _arm(self, first_at: float) -> None:
+        """Collect when the oldest pending trace has waited `delay`, and at most once per `interval` (a collection
+        costs every peer a request, however many traces it carries)."""
+        due = max(first_at + self.delay_s, self._last + self.interval_s)
+        self._timer = asyncio.get_running_loop().call_later(max(0.0, due - time.monotonic()), self._launch)
 
     def _launch(self) -> None:
-        """Collect every pending trace that is due (or nearly: one request per peer serves them all)."""
+        """Collect every pending trace that has waited `delay`."""
         self._timer = None
-        now = time.monotonic()
-        slack = min(0.1, self.delay_s / 3)
-        due = [k for k in self.pending.values() if k.at + self.delay_s - slack <= now]
+        now = self._last = time.monotonic()
+        due = [k for k in self.pending.values() if k.at + self.delay_s <= now + 0.005]
         for kept in due:
             del self.pending[kept.trace_id]
         if due:
             self._spawn(self.collect(due))
         if self.pending:
-            first = next(iter(self.pending.values()))
-            wait = max(0.0, first.at + self.delay_s - now)
-            self._timer = asyncio.get_running_loop().call_later(wait, self._launch)
+            self._arm(next(iter(self.pending.values())).at)
 
     def _spawn(self, work: Any) -> None:
         task = asyncio.get_running_loop().create_task(work)
@@ -146,7 +178,7 @@ class Collector:
     async def _ask(self, host: str, port: int, label: str, body: dict[str, Any]) -> Part | None:
         """One peer's part; None for this process itself; an unanswered Part when it could not be asked."""
         try:
-            answer = await post(host, port, "/recording/collect", body, self.timeout_s)
+            answer = await self._peer(host, port).post("/recording/collect", body, self.timeout_s)
         except (OSError, TimeoutError, ValueError) as exc:
             log.debug("collection from %s failed: %s", label, exc)
             return Part(label, None)
@@ -185,6 +217,12 @@ class Collector:
         self._resolved = (time.monotonic(), resolved)
         return resolved
 
+    def _peer(self, host: str, port: int) -> Peer:
+        peer = self._peer_links.get((host, port))
+        if peer is None:
+            peer = self._peer_links[(host, port)] = Peer(host, port)
+        return peer
+
     # -- triggers for the edge -----------------------------------------------------------------------------
 
     def announce(self, trace_id: int, name: str) -> None:
@@ -195,7 +233,7 @@ class Collector:
         body = {"trace_id": f"{trace_id:032x}", "trigger": name}
         for host, port, label in await self._peers():
             try:
-                await post(host, port, "/recording/trigger", body, self.timeout_s)
+                await self._peer(host, port).post("/recording/trigger", body, self.timeout_s)
             except (OSError, TimeoutError, ValueError) as exc:
                 log.debug("trigger to %s failed: %s", label, exc)
 
@@ -225,4 +263,6 @@ class Collector:
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=self.timeout_s + 2.0)
         await self.flush_sampled()
+        for peer in self._peer_links.values():
+            peer.close()
         await self.exporter.close()

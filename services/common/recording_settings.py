@@ -47,6 +47,9 @@ class RecordingSettings(BaseSettings):
         description="How long after the keep decision the collection starts (work that ends after the answer, such "
         "as the cache store, lands first); kept traces are collected together, one request per process.",
     )
+    collect_interval_ms: float = Field(
+        1000.0, ge=0, description="Least time between two collections (each costs every peer one request)."
+    )
     collect_timeout_ms: float = Field(1000.0, gt=0, description="How long a process's buffer may take to answer.")
     max_kept_per_s: float = Field(
         200.0,

@@ -13,13 +13,12 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from opentelemetry import propagate, trace
-from opentelemetry.propagators.composite import CompositePropagator
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from prometheus_client import REGISTRY
 
-from services.common.recording import ParentPropagator, RecordedSpan, Recorder
+from services.common.recording import ParentPropagator, RecordedSpan, Recorder, current_span
 from services.common.recording_admin import AdminServer
 from services.common.recording_collect import Collector
 from services.common.recording_metrics import RecordingMetrics
@@ -64,7 +63,7 @@ def setup_tracing(service_name: str, settings: RecordingSettings | None = None) 
             settings.export_max_spans,
         )
         trace.set_tracer_provider(recorder)
-        propagate.set_global_textmap(CompositePropagator([propagate.get_global_textmap(), ParentPropagator()]))
+        propagate.set_global_textmap(ParentPropagator(propagate.get_global_textmap()))
         log.info(
             "tracing on: service.name=%s, recording (%d spans) for retroactive collection", name, len(settings.peers)
         )
@@ -128,14 +127,21 @@ def child_span(
     """A child of the current span when that one is sampled or recorded; otherwise no span at all, so unsampled
     requests (and services with tracing off) pay nothing. Works after the parent ended (off-path work such as a
     store)."""
-    current = trace.get_current_span()
+    current = current_span()
     if type(current) is RecordedSpan:
-        return current.recorder.get_tracer(_scope(tracer)).start_as_current_span(name, attributes=attributes)
+        return current.recorder.child(_scope(tracer), name, attributes)
     if not current.get_span_context().trace_flags.sampled:
         return contextlib.nullcontext(trace.INVALID_SPAN)
     return tracer.start_as_current_span(name, attributes=attributes)
 
 
+_scopes: dict[int, str] = {}
+
+
 def _scope(tracer: trace.Tracer) -> str:
-    """The instrumentation scope a (proxy) tracer was asked for."""
-    return str(getattr(tracer, "_instrumenting_module_name", None) or getattr(tracer, "scope", "meshserve"))
+    """The instrumentation scope a (proxy) tracer was asked for (tracers live as long as their modules)."""
+    scope = _scopes.get(id(tracer))
+    if scope is None:
+        name = getattr(tracer, "_instrumenting_module_name", None) or getattr(tracer, "scope", "meshserve")
+        scope = _scopes[id(tracer)] = str(name)
+    return scope

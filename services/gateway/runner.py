@@ -16,6 +16,7 @@ from opentelemetry import trace
 
 from services.cache.api import CachedValue, Entry, L1Cache, SingleFlight, StoreItem, request_digest, versioned_key
 from services.common.errors import DeadlineExceeded, MeshserveError, Unavailable
+from services.common.recording import PARENT_HEADER
 from services.common.tensor_codec import encode_raw
 from services.common.tracing import child_span
 from services.feature.api import FeatureMatrix
@@ -43,7 +44,7 @@ from services.model.api import InferResult, RawTensor
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("meshserve.gateway")
 # Passed-on headers that belong to one request: the members of a batch need not share them.
-PER_REQUEST_HEADERS = ("traceparent", "tracestate", "x-request-id")
+PER_REQUEST_HEADERS = ("traceparent", "tracestate", "x-request-id", PARENT_HEADER)
 STORE_TIMEOUT_S = 0.2
 
 
