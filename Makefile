@@ -27,9 +27,10 @@ $(PERF_STAMP): tools/perf-requirements.txt
 
 models: $(MODELS_STAMP)
 
-MODEL_SOURCES := models/build.py models/fraud_mlp.py models/digits_cnn.py models/transactions.py models/feature_replay.py \
-	models/fraud_mlp/config.yaml models/digits_cnn/config.yaml features/fraud_v1.yaml $(wildcard features/tables/*.csv) \
-	$(wildcard services/feature/*.py)
+MODEL_SOURCES := models/build.py models/fraud_mlp.py models/digits_cnn.py models/heavy_mlp.py models/transactions.py \
+	models/feature_replay.py models/fraud_mlp/config.yaml models/digits_cnn/config.yaml \
+	models/bench/heavy_mlp/config.yaml services/model/export.py features/fraud_v1.yaml \
+	$(wildcard features/tables/*.csv) $(wildcard services/feature/*.py)
 
 $(MODELS_STAMP): $(STAMP) $(MODEL_SOURCES)
 	$(PY) -m models.build
@@ -84,4 +85,11 @@ chaos: setup models
 	$(PY) -m bench.chaos
 
 clean:
-	rm -rf $(VENV) $(MODELS_STAMP) models/*/[0-9]*/
+	rm -rf $(VENV) $(MODELS_STAMP) models/*/[0-9]*/ models/bench/*/[0-9]*/
+
+.PHONY: gpu-check
+# Every GPU path this machine has (torch CUDA, ONNX Runtime CUDA/TensorRT EPs, native TensorRT): the GPU tests,
+# outputs against the CPU, rows/s, perf_analyzer c=1/c=32, memory over 20 reloads, cost per million; without a
+# GPU one line and exit 0.
+gpu-check: setup models
+	$(PY) -m tests.gpu.check

@@ -261,6 +261,24 @@ def token(
 app.add_typer(
     traces_app, name="traces", help="Recent traces from the local store: list, show, hotspots, ui (the web UI)."
 )
+models_app = typer.Typer(help="Model repository tools.")
+app.add_typer(models_app, name="models")
+
+
+@models_app.command(
+    "export",
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []},
+    add_help_option=False,
+)
+def models_export(ctx: typer.Context) -> None:
+    """Export an eager torch module to ONNX in the model repository, verified against torch (1,000 rows, 1e-5),
+    with its config: MODULE:FACTORY --name N --version V --input name:DATATYPE:dims --output name ... (--help for
+    every option; the same as `python -m services.model.export`)."""
+    from services.model.export import main as export_main  # torch loads only for this command
+
+    raise typer.Exit(export_main(list(ctx.args)))
+
+
 canary_app = typer.Typer(help="Show or change the local mesh's canary split at run time (no restart).")
 app.add_typer(canary_app, name="canary")
 LogDir = Annotated[Path, typer.Option(help="The --log-dir of `meshserve up`.")]
