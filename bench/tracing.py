@@ -5,10 +5,12 @@ what retroactive collection keeps under faults.
 Overhead: four identical stacks (model, feature, cache, gateway; one shared Valkey) run at once; the traced ones
 export OTLP/gRPC to a real local trace store (`services.traces`). The recording stack runs
 MESHSERVE_TRACING_MODE=retroactive with the defaults (the rolling p99 latency bound, a 1% baseline, collection
-from the stack's four processes); the head-sampled ones the OpenTelemetry SDK with parentbased_traceidratio. Load
-rounds (all-miss stream, closed loop) alternate between the four (off, recorded, 1%, 100%, off, ...), each followed
-by a pause so that the trace store's writes do not land in the next round; each configuration's figures are the
-medians over its rounds. Target: recording plus collection loses at most 3% of throughput against off.
+from the stack's processes); the head-sampled ones the OpenTelemetry SDK with parentbased_traceidratio. Load rounds
+(all-miss stream, closed loop) alternate between the four (off, recorded, 1%, 100%; each round starts one further
+on, so that every configuration runs in every position), each followed by a pause so that the trace store's writes
+do not land in the next round; each configuration's figures are the medians over its rounds, CPU per request
+included (its processes' and the trace store's CPU time over the round and its pause, per answered request).
+Target: recording plus collection loses at most 3% of throughput against off.
 
 Coverage: then a second gateway of the recording stack reaches the feature service through a fault proxy (in this
 process, as the mesh's fault filter would) that fails 1% of feature calls (UNAVAILABLE) and delays 2% by 40 ms; its
@@ -315,8 +317,10 @@ async def measure(
     cpus: dict[str, list[float]] = {name: [] for name in s.gateways}  # CPU seconds per request, by round
     t0 = int(time.time()) - 7200
     serial = 10_000_000
-    for _ in range(args.rounds):
-        for name, address in s.gateways.items():
+    names = list(s.gateways)
+    for round_ in range(args.rounds):
+        for name in names[round_ % len(names) :] + names[: round_ % len(names)]:  # each in every position
+            address = s.gateways[name]
             serial += 1_000_000  # every request new: all stages run, the most spans per request
             stream = miss_stream(t0, serial)
             await load(address, args.concurrency, 0.5, stream, 0.0)  # steady state first, not counted

@@ -47,6 +47,10 @@ DEGRADED = "meshserve.degraded"
 LINKED = "linked"  # the trigger of a trace collected because a kept trace waited on its batched call
 SAMPLED = 1  # the W3C trace flag
 _NO_STATE = TraceState()
+_FLAGS = (TraceFlags(0), TraceFlags(1))
+# RecordedSpan._current: made current by its `with` block, and start_as_current_span's options
+_CURRENT, _RECORD_EXCEPTION, _SET_STATUS, _END_ON_EXIT = 1, 2, 4, 8
+_DEFAULT_CURRENT = _CURRENT | _RECORD_EXCEPTION | _SET_STATUS | _END_ON_EXIT
 _getrandbits = random.getrandbits
 # The OTel API's current span, read and set without its layers of calls (a span's cost is mostly these): the SDK's
 # own context variable and key when the runtime context is the default contextvars one, the public API otherwise.
@@ -59,15 +63,17 @@ def current_span() -> trace.Span:
     """The current span (the OTel API's `get_current_span()`)."""
     if _VAR is None or not _SPAN_KEY:
         return trace.get_current_span()
-    span = _VAR.get().get(_SPAN_KEY)
-    return span if isinstance(span, trace.Span) else trace.INVALID_SPAN
+    span = _VAR.get().get(_SPAN_KEY)  # only spans are stored under the span key (set_span_in_context)
+    return span if span is not None else trace.INVALID_SPAN  # type: ignore[return-value]
 
 
 def enter(span: trace.Span) -> object:
     """Make `span` the current span (`attach(set_span_in_context(span))`); the token for `leave`."""
     if _VAR is None or not _SPAN_KEY:
         return otel_context.attach(trace.set_span_in_context(span))
-    return _VAR.set(Context({**_VAR.get(), _SPAN_KEY: span}))
+    context = Context(_VAR.get())  # one copy (the API's set_value makes two)
+    dict.__setitem__(context, _SPAN_KEY, span)  # Context refuses item assignment: it is new and not shared yet
+    return _VAR.set(context)
 
 
 def leave(token: object) -> None:
@@ -91,6 +97,8 @@ class RecordedSpan(trace.Span):
 
     __slots__ = (
         "_context",
+        "_current",
+        "_token",
         "attributes",
         "end_ns",
         "events",
@@ -146,17 +154,41 @@ class RecordedSpan(trace.Span):
         self.remote_parent = remote_parent
         self.via = via
         self._context: trace.SpanContext | None = None
+        self._current = 0  # as start_as_current_span's context manager: CURRENT | its options
+        self._token: object = None
 
     # -- the OTel Span API ---------------------------------------------------------------------------------
 
     def get_span_context(self) -> trace.SpanContext:
         context = self._context
         if context is None:
+            # SpanContext's own constructor checks the ids' ranges, which these are in by construction.
             state = self.trace_state if self.trace_state is not None else _NO_STATE
-            context = self._context = trace.SpanContext(
-                self.trace_id, self.span_id, False, TraceFlags(self.flags), state
-            )
+            flags = _FLAGS[self.flags] if self.flags < 2 else TraceFlags(self.flags)
+            context = tuple.__new__(trace.SpanContext, (self.trace_id, self.span_id, False, flags, state, True))
+            self._context = context
         return context
+
+    def __enter__(self) -> RecordedSpan:
+        """As start_as_current_span's context manager: the current span until the block ends (else, as the API's
+        Span: only ended at the end of the block)."""
+        if self._current:
+            self._token = enter(self)
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: Any) -> None:
+        options = self._current
+        if not options:
+            self.end()
+            return
+        if error is not None:
+            if options & _RECORD_EXCEPTION:
+                self.record_exception(error, escaped=True)
+            if options & _SET_STATUS:
+                self.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
+        leave(self._token)
+        if options & _END_ON_EXIT:
+            self.end()
 
     def end(self, end_time: int | None = None) -> None:
         if self.end_ns:
@@ -220,36 +252,6 @@ class RecordedSpan(trace.Span):
 
     def __repr__(self) -> str:
         return f"RecordedSpan({self.name!r}, trace={self.trace_id:032x}, span={self.span_id:016x})"
-
-
-class _CurrentSpan:
-    """`start_as_current_span`'s context manager, without the generator machinery of the API's decorator."""
-
-    __slots__ = ("end_on_exit", "record_exception", "set_status_on_exception", "span", "token")
-
-    def __init__(
-        self, span: RecordedSpan, record_exception: bool, set_status_on_exception: bool, end_on_exit: bool
-    ) -> None:
-        self.span = span
-        self.record_exception = record_exception
-        self.set_status_on_exception = set_status_on_exception
-        self.end_on_exit = end_on_exit
-        self.token: object = None
-
-    def __enter__(self) -> RecordedSpan:
-        self.token = enter(self.span)
-        return self.span
-
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: Any) -> None:
-        span = self.span
-        if error is not None:
-            if self.record_exception:
-                span.record_exception(error, escaped=True)
-            if self.set_status_on_exception:
-                span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
-        leave(self.token)
-        if self.end_on_exit:
-            span.end()
 
 
 class RecordingTracer(trace.Tracer):
@@ -318,9 +320,15 @@ class RecordingTracer(trace.Tracer):
         record_exception: bool = True,
         set_status_on_exception: bool = True,
         end_on_exit: bool = True,
-    ) -> _CurrentSpan:
+    ) -> RecordedSpan:
         span = self.start_span(name, context, kind, attributes, links, start_time)
-        return _CurrentSpan(span, record_exception, set_status_on_exception, end_on_exit)
+        span._current = (
+            _CURRENT
+            | (_RECORD_EXCEPTION if record_exception else 0)
+            | (_SET_STATUS if set_status_on_exception else 0)
+            | (_END_ON_EXIT if end_on_exit else 0)
+        )
+        return span
 
 
 class SpanBuffer:
@@ -477,7 +485,7 @@ class Recorder(trace.TracerProvider):
         trace_id = _getrandbits(128) or 1
         return RecordedSpan(self, scope, name, trace_id, 0, 0, None, kind, start_ns, attributes, links, True)
 
-    def child(self, scope: str, name: str, attributes: Attributes = None) -> _CurrentSpan:
+    def child(self, scope: str, name: str, attributes: Attributes = None) -> RecordedSpan:
         """`start_as_current_span(name, attributes=...)` of an instrumentation scope, the common case made short."""
         parent = current_span()
         if type(parent) is not RecordedSpan:
@@ -496,7 +504,8 @@ class Recorder(trace.TracerProvider):
             None,
             False,
         )
-        return _CurrentSpan(span, True, True, True)
+        span._current = _DEFAULT_CURRENT
+        return span
 
     # -- where spans go ------------------------------------------------------------------------------------
 
@@ -519,8 +528,17 @@ class Recorder(trace.TracerProvider):
         kept = self.kept.get(trace_id) if self.kept else None
         if kept is not None:
             kept.spans.append(span)
+            return
+        buffer = self.buffer  # SpanBuffer.add, inline (once per span)
+        spans = buffer.traces.get(trace_id)
+        if spans is None:
+            buffer.traces[trace_id] = [span]
+            buffer._order.append(trace_id)
         else:
-            self.buffer.add(span)
+            spans.append(span)
+        buffer.size += 1
+        if buffer.size > buffer.capacity:
+            buffer._evict()
 
     def _decide(self, root: RecordedSpan) -> None:
         assert self.edge is not None

@@ -76,6 +76,19 @@ class RecordingSettings(BaseSettings):
         ge=0,
         description="Model service trigger: keep a request whose wait in a batch queue exceeded this (ms); 0: off.",
     )
+    parent_header: bool = Field(
+        True,
+        description="Send the caller's span id in x-meshserve-parent on every call, so that a callee behind a proxy "
+        "that replaces the traceparent's parent without recording (an unsampled Envoy) hangs on the caller's span; "
+        "off saves a header per call where no such proxy sits between processes.",
+    )
+    gc_young_threshold: int = Field(
+        10_000,
+        ge=0,
+        description="The garbage collector's young-generation threshold while recording (Python's default is 700): "
+        "recording allocates a few objects per span and keeps the buffer's alive, and with the default the young "
+        "collections ran often enough to be a third of recording's cost; 0 keeps the interpreter's setting.",
+    )
     export_delay_ms: float = Field(
         500.0, gt=0, description="How often head-sampled spans (a caller's sampled traceparent) are exported."
     )

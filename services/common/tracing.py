@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import secrets
@@ -63,7 +64,10 @@ def setup_tracing(service_name: str, settings: RecordingSettings | None = None) 
             settings.export_max_spans,
         )
         trace.set_tracer_provider(recorder)
-        propagate.set_global_textmap(ParentPropagator(propagate.get_global_textmap()))
+        if settings.gc_young_threshold:
+            gc.set_threshold(settings.gc_young_threshold, *gc.get_threshold()[1:])
+        if settings.parent_header:
+            propagate.set_global_textmap(ParentPropagator(propagate.get_global_textmap()))
         log.info(
             "tracing on: service.name=%s, recording (%d spans) for retroactive collection", name, len(settings.peers)
         )

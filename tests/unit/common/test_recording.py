@@ -285,6 +285,32 @@ def test_settings_peers_and_mode(monkeypatch: pytest.MonkeyPatch) -> None:
     assert RecordingSettings().retroactive
 
 
+def test_retroactive_setup_installs_the_recorder_its_propagator_and_gc_threshold(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from services.common import tracing
+
+    installed: list[object] = []
+    textmaps: list[object] = []
+    thresholds: list[tuple[int, ...]] = []
+    monkeypatch.setattr(tracing.trace, "set_tracer_provider", installed.append)
+    monkeypatch.setattr(tracing.propagate, "set_global_textmap", textmaps.append)
+    monkeypatch.setattr(tracing.gc, "set_threshold", lambda *t: thresholds.append(t))
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4317")
+    monkeypatch.delenv("OTEL_SDK_DISABLED", raising=False)
+    monkeypatch.setenv("OTEL_SERVICE_NAME", "feature")
+    recorder = tracing.setup_tracing("x", RecordingSettings(mode="retroactive", buffer_spans=7))
+    assert isinstance(recorder, Recorder) and installed == [recorder]
+    assert recorder.service == "feature" and recorder.resource["service.name"] == "feature"
+    assert recorder.buffer.capacity == 7
+    (textmap,) = textmaps
+    assert isinstance(textmap, ParentPropagator)
+    assert thresholds and thresholds[0][0] == 10_000
+    textmaps.clear()
+    tracing.setup_tracing("x", RecordingSettings(mode="retroactive", parent_header=False, gc_young_threshold=0))
+    assert textmaps == []
+
+
 def test_a_span_costs_a_few_microseconds() -> None:
     """Not a benchmark: a guard against a slow path creeping in (the SDK's span costs about 30 µs here)."""
     rec = make_recorder(capacity=10_000)
