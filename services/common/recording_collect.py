@@ -201,7 +201,7 @@ class Collector:
             return resolved
         loop = asyncio.get_running_loop()
         out: dict[tuple[str, int], str] = {}
-        for peer in self.settings.peers:
+        for peer in self.settings.all_peers():
             host, _, port_text = peer.rpartition(":")
             host = host.strip("[]")
             try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator
@@ -24,13 +25,18 @@ class RecordingSettings(BaseSettings):
         description="`retroactive`: record every request into a bounded in-memory buffer and export a trace only "
         "once the edge keeps it (slow, failed, degraded, sampled by its caller, or the random baseline), collected "
         "from every process it touched; `head`: the OpenTelemetry SDK with its sampler (OTEL_TRACES_SAMPLER), every "
-        "sampled span exported; `auto`: retroactive when `peers` are given, else head.",
+        "sampled span exported; `auto`: retroactive when `peers` or `peers_file` are given, else head.",
     )
     peers: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         description="Admin (metrics) addresses `host:port` of every process whose buffer a kept trace is collected "
         "from (JSON list or comma-separated); a name resolving to several addresses (a Kubernetes headless Service) "
         "means every one of them. This process's own address may be listed.",
+    )
+    peers_file: Path | None = Field(
+        None,
+        description="A file of more peers, `host:port` one a line (or a JSON list), read again every few seconds: what "
+        "a supervisor that knows the stack's ports writes (`meshserve up`), or a mounted ConfigMap.",
     )
     buffer_spans: int = Field(
         20_000,
@@ -99,12 +105,30 @@ class RecordingSettings(BaseSettings):
     @field_validator("peers", mode="before")
     @classmethod
     def _peer_list(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            text = value.strip()
-            return json.loads(text) if text.startswith("[") else [p.strip() for p in text.split(",") if p.strip()]
-        return value
+        return peer_list(value) if isinstance(value, str) else value
+
+    def all_peers(self) -> list[str]:
+        """`peers` and what `peers_file` lists now (a missing or unreadable file lists none)."""
+        listed: list[str] = []
+        if self.peers_file is not None:
+            try:
+                listed = peer_list(self.peers_file.read_text())
+            except (OSError, ValueError):
+                listed = []
+        return [*self.peers, *(p for p in listed if p not in self.peers)]
 
     @property
     def retroactive(self) -> bool:
         """Whether this process records and collects (the mode, with `auto` resolved)."""
-        return self.mode == "retroactive" or (self.mode == "auto" and bool(self.peers))
+        return self.mode == "retroactive" or (self.mode == "auto" and bool(self.peers or self.peers_file))
+
+
+def peer_list(text: str) -> list[str]:
+    """Peers from text: a JSON list, or `host:port` separated by commas, spaces or lines."""
+    text = text.strip()
+    if text.startswith("["):
+        value = json.loads(text)
+        if not isinstance(value, list):
+            raise ValueError("peers: not a list")
+        return [str(p) for p in value]
+    return [p for p in text.replace(",", " ").split() if p]

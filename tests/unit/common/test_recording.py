@@ -4,6 +4,7 @@ bookkeeping (pinning, triggers, the rate limit, other processes' triggers), chil
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 from opentelemetry import context as otel_context
@@ -283,6 +284,16 @@ def test_settings_peers_and_mode(monkeypatch: pytest.MonkeyPatch) -> None:
     assert not RecordingSettings().retroactive
     monkeypatch.setenv("MESHSERVE_TRACING_MODE", "retroactive")
     assert RecordingSettings().retroactive
+
+
+def test_a_peers_file_is_read_each_time(tmp_path: Path) -> None:
+    listed = tmp_path / "peers"
+    settings = RecordingSettings(peers=["a:1"], peers_file=listed)
+    assert settings.retroactive and settings.all_peers() == ["a:1"]  # not written yet
+    listed.write_text("b:2\nc:3, a:1\n")
+    assert settings.all_peers() == ["a:1", "b:2", "c:3"]
+    listed.write_text('["d:4"]')
+    assert settings.all_peers() == ["a:1", "d:4"]
 
 
 def test_retroactive_setup_installs_the_recorder_its_propagator_and_gc_threshold(
