@@ -16,7 +16,7 @@ import logging
 import random
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -393,9 +393,6 @@ class SpanBuffer:
             self._order = deque(self.traces)
         return spans, trace_id in self._evicted
 
-    def lost(self, trace_id: int) -> bool:
-        return trace_id in self._evicted
-
     def lead(self, leader: int, member: int) -> None:
         """`member`'s request waited on a batched call recorded in `leader`'s trace."""
         leaders = self._leaders.get(member)
@@ -634,13 +631,6 @@ class Recorder(trace.TracerProvider):
     def drain_sampled(self) -> list[RecordedSpan]:
         spans, self.sampled = self.sampled, []
         return spans
-
-    def spans_of(self, trace_id: int) -> Iterator[RecordedSpan]:
-        """This process's spans of a trace still here (buffered or pinned), for tests and debugging."""
-        kept = self.kept.get(trace_id)
-        if kept is not None:
-            yield from kept.spans
-        yield from self.buffer.traces.get(trace_id, ())
 
 
 PARENT_HEADER = "x-meshserve-parent"
