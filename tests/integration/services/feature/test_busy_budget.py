@@ -77,8 +77,12 @@ async def test_a_slow_but_healthy_redis_stretches_the_budget(
     try:
         assert await degraded_share(handler, 5) == 0.0  # warm: connections made, scripts loaded
         slow_redis.delay_s = 0.012  # every reply now comes after 12 ms: past the configured 8 ms budget
-        await degraded_share(handler, 40)  # the first reads run past it and degrade; the budget learns from them
-        assert await degraded_share(handler, 40) == 0.0  # then every row is whole again
+        first = await degraded_share(handler, 10)  # the first reads run past it and degrade; the budget learns
+        await degraded_share(handler, 30)
+        learnt = await degraded_share(handler, 40)
+        # A fixed 8 ms budget degrades every one of these rows; stretched, they come back whole (a loaded machine
+        # may still push a few past even the stretched budget, at most four times the configured one).
+        assert first >= 0.5 and learnt <= 0.2, (first, learnt)
         slow_redis.answering.clear()  # Redis stops answering: the stretched budget still trips, and quickly
         started = asyncio.get_running_loop().time()
         assert await degraded_share(handler, 3) == 1.0
