@@ -57,10 +57,9 @@ class GradientLimit:
     Under the target the limit grows (the sqrt term) while the pool uses it; past the target it shrinks, so the
     excess is refused at once instead of queueing. It follows what the machine serves within the target: at
     light load the limit is never reached; near capacity it settles where latency meets the target, by Little's
-    law at about throughput x target. Gradient2's relative baseline (a long-run latency average) was tried first
-    and failed both ways in the chaos run (bench/README): as a symmetric average it took a sustained overload's
-    queueing for the new normal within a second; rising slowly instead, it took the higher but healthy latency
-    of 90% load, with bigger micro-batches, for overload and refused 40% of the requests at 90% of capacity.
+    law at about throughput x target. A target rather than a baseline relative to past latency, because healthy
+    latency here rises with load (bigger micro-batches): a relative baseline either takes a sustained overload's
+    queueing for normal or healthy 90% load for overload (measured in the chaos runs, bench/README).
     """
 
     def __init__(
