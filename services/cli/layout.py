@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import socket
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, Field
 
@@ -75,6 +75,12 @@ class StackLayout(BaseModel):
     )
     traces_db: Path | None = Field(None, description="Its SQLite file (default: the store's own default).")
     traces_ui_port: int | None = Field(None, description="The trace UI's HTTP port; None: no UI.")
+    tracing_mode: Literal["retroactive", "head"] = Field(
+        "retroactive",
+        description="With traces: `retroactive` records every request and keeps the slow, failed, degraded and "
+        "caller-sampled ones plus a baseline (MESHSERVE_TRACING_*); `head` exports what is sampled (Envoy's "
+        "randomSamplingPercentage for new traces) and nothing else.",
+    )
 
     @classmethod
     def local(
@@ -89,6 +95,7 @@ class StackLayout(BaseModel):
         mesh: bool = False,
         traces: bool = False,
         traces_db: Path | None = None,
+        tracing_mode: Literal["retroactive", "head"] = "retroactive",
         valkey: bool = False,
         log_dir: Path | None = None,
         insecure: bool = False,
@@ -168,6 +175,7 @@ class StackLayout(BaseModel):
             traces_port=traces_port,
             traces_ui_port=traces_ui_port,
             traces_db=traces_db.resolve() if traces_db else None,
+            tracing_mode=tracing_mode,
             mesh=mesh,
             insecure=insecure,
             ingress_port=mesh_ports.pop("ingress", 8080),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import enum
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -24,6 +25,12 @@ app = typer.Typer(
 )
 console = Console()
 err = Console(stderr=True)
+
+
+class TracingMode(enum.StrEnum):
+    retroactive = "retroactive"
+    head = "head"
+
 
 PORT_BASE_HELP = (
     "gRPC ports from here (gateway +0, model v1 +1/+11, feature +2, cache +3, canary +21; metrics +1000); "
@@ -94,6 +101,13 @@ def up(
     traces: Annotated[
         bool, typer.Option(help="Run the local OTLP receiver; every service and Envoy export spans to it.")
     ] = True,
+    tracing_mode: Annotated[
+        TracingMode,
+        typer.Option(
+            help="retroactive: record every request, keep the slow, failed, degraded and sampled ones plus 1% "
+            "(MESHSERVE_TRACING_*); head: export only what Envoy or the caller sampled."
+        ),
+    ] = TracingMode.retroactive,
     demo: Annotated[
         float, typer.Option(help="Once up, send this many seconds of demo traffic, then explain how to call it.")
     ] = 0.0,
@@ -122,6 +136,7 @@ def up(
             mesh=mesh,
             traces=traces,
             traces_db=log_dir / "traces.sqlite",
+            tracing_mode=tracing_mode.value,
             valkey=redis_url is None,
             log_dir=log_dir,
             insecure=insecure,

@@ -10,6 +10,7 @@ from pydantic import BaseModel, Field, SecretStr
 
 from services.cache.settings import CacheSettings
 from services.cli.layout import StackLayout, port_in_use
+from services.common.recording_settings import RecordingSettings
 from services.common.settings import ServiceSettings
 from services.feature.settings import FeatureSettings
 from services.gateway.settings import GatewaySettings
@@ -189,6 +190,7 @@ def build_specs(
             "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://{t.address(t.traces_port)}",
             "OTEL_EXPORTER_OTLP_INSECURE": "true",
             "OTEL_BSP_SCHEDULE_DELAY": "500",  # spans reach the store within a second (SDK default: 5 s)
+            **recording_env(t),
         }
     redis_deps: list[str] = []
     if t.valkey_port is not None:
@@ -244,6 +246,21 @@ def build_specs(
         gateway.depends_on = list(below)
         specs.append(gateway)
     return specs
+
+
+def recording_env(layout: StackLayout) -> dict[str, str]:
+    """Retroactive tracing's settings for every service of the stack: the mode, and as peers the admin (metrics)
+    address of every service process, so that a kept trace is collected from all of them. Nothing in head mode."""
+    t = layout
+    if t.tracing_mode != "retroactive":
+        return {}
+    ports = [
+        *(r.metrics_port for r in t.replicas),
+        t.feature_metrics_port,
+        t.cache_metrics_port,
+        *(g.metrics_port for g in t.gateways),
+    ]
+    return RecordingSettings.env_for(mode="retroactive", peers=[t.address(p) for p in ports if p])
 
 
 def traces_spec(layout: StackLayout) -> ProcessSpec:

@@ -76,6 +76,7 @@ def write_state(
         "admin": layout.admin if layout.mesh else None,
         "mesh_dir": str(path.parent / MESH_DIR) if layout.mesh else None,
         "traces_ui": trace_ui_url(layout),
+        "tracing_mode": layout.tracing_mode if layout.traces_port is not None else None,
         "services": services,
     }
     tmp = path.with_suffix(".tmp")
@@ -162,7 +163,12 @@ async def run_stack(
             soft_wrap=True,
         )
         if (ui := trace_ui_url(layout)) is not None:
-            console.print(f"trace UI at {ui} (search, waterfalls, hotspots)", highlight=False, soft_wrap=True)
+            kept = (
+                "every request recorded; slow, failed, degraded and 1% kept"
+                if layout.tracing_mode == "retroactive"
+                else "head sampling"
+            )
+            console.print(f"trace UI at {ui} (search, waterfalls, hotspots; {kept})", highlight=False, soft_wrap=True)
         if demo_s > 0:
             ca = secrets.ca_cert if endpoint.tls else None
             await _until_stopped(run_demo_and_explain(endpoint, demo_s, console, ca, custom_dir), stop, console)

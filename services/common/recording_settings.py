@@ -7,10 +7,12 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic_settings import NoDecode, SettingsConfigDict
+
+from services.common.settings import EnvSettings
 
 
-class RecordingSettings(BaseSettings):
+class RecordingSettings(EnvSettings):
     """How a process traces once an OTLP endpoint is configured (OTEL_EXPORTER_OTLP_ENDPOINT; without one, nothing).
 
     The same variables go to every process of a stack (like MESHSERVE_REDIS_URL). The gateway's per-pipeline

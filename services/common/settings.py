@@ -11,33 +11,8 @@ from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDic
 from services.common.validation import describe
 
 
-class ServiceSettings(BaseSettings):
-    """Settings every gRPC service has; each service subclasses this with its own env prefix and ports."""
-
-    model_config = SettingsConfigDict(env_prefix="MESHSERVE_", extra="ignore", frozen=True)
-
-    host: str = Field("0.0.0.0", description="Address the gRPC server binds.")
-    port: int = Field(8000, ge=0, le=65535, description="gRPC port (0 picks a free one).")
-    metrics_port: int = Field(9000, ge=0, le=65535, description="Prometheus /metrics port (0 disables).")
-    grace_period_s: float = Field(
-        20.0, ge=0, description="On SIGTERM: how long in-flight requests may run before they are cancelled."
-    )
-    shutdown_delay_s: float = Field(
-        0.0,
-        ge=0,
-        description="On SIGTERM: keep accepting while health says NOT_SERVING, so load balancers notice "
-        "(a preStop sleep); then stop accepting and drain.",
-    )
-    max_message_bytes: int = Field(
-        64 * 1024 * 1024, ge=1024, description="Largest gRPC message received or sent; larger is refused."
-    )
-    keepalive_time_s: float = Field(30.0, gt=0, description="HTTP/2 keepalive ping interval.")
-    keepalive_timeout_s: float = Field(10.0, gt=0, description="Keepalive ping ack timeout.")
-    max_concurrent_rpcs: int | None = Field(
-        None, ge=1, description="Hard cap on concurrent RPCs (grpc refuses more with RESOURCE_EXHAUSTED)."
-    )
-    reuse_port: bool = Field(False, description="Set SO_REUSEPORT so several processes can share the port.")
-    log_level: str = Field("INFO", description="Python logging level.")
+class EnvSettings(BaseSettings):
+    """Settings read from the environment that a supervisor can also write: the variable names and values of fields."""
 
     @classmethod
     def env_name(cls, field: str) -> str:
@@ -81,3 +56,32 @@ class ServiceSettings(BaseSettings):
             text = value if isinstance(value, str) and not source.field_is_complex(info) else json.dumps(value)
             env[cls.env_name(name)] = text
         return env
+
+
+class ServiceSettings(EnvSettings):
+    """Settings every gRPC service has; each service subclasses this with its own env prefix and ports."""
+
+    model_config = SettingsConfigDict(env_prefix="MESHSERVE_", extra="ignore", frozen=True)
+
+    host: str = Field("0.0.0.0", description="Address the gRPC server binds.")
+    port: int = Field(8000, ge=0, le=65535, description="gRPC port (0 picks a free one).")
+    metrics_port: int = Field(9000, ge=0, le=65535, description="Prometheus /metrics port (0 disables).")
+    grace_period_s: float = Field(
+        20.0, ge=0, description="On SIGTERM: how long in-flight requests may run before they are cancelled."
+    )
+    shutdown_delay_s: float = Field(
+        0.0,
+        ge=0,
+        description="On SIGTERM: keep accepting while health says NOT_SERVING, so load balancers notice "
+        "(a preStop sleep); then stop accepting and drain.",
+    )
+    max_message_bytes: int = Field(
+        64 * 1024 * 1024, ge=1024, description="Largest gRPC message received or sent; larger is refused."
+    )
+    keepalive_time_s: float = Field(30.0, gt=0, description="HTTP/2 keepalive ping interval.")
+    keepalive_timeout_s: float = Field(10.0, gt=0, description="Keepalive ping ack timeout.")
+    max_concurrent_rpcs: int | None = Field(
+        None, ge=1, description="Hard cap on concurrent RPCs (grpc refuses more with RESOURCE_EXHAUSTED)."
+    )
+    reuse_port: bool = Field(False, description="Set SO_REUSEPORT so several processes can share the port.")
+    log_level: str = Field("INFO", description="Python logging level.")

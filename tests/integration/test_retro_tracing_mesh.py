@@ -1,5 +1,5 @@
-"""Retroactive tracing through the real Envoy of `meshserve up`: every process records (MESHSERVE_TRACING_MODE=
-retroactive, its peers in a file written from stack.json), the feature service is slowed by 40 ms and every request
+"""Retroactive tracing through the real Envoy of `meshserve up`: every process records (the stack's default,
+every service's metrics address its peer), the feature service is slowed by 40 ms and every request
 over 20 ms is kept. A request whose caller did not sample it is one whole tree in the store although no Envoy span
 was recorded: each callee hangs on the gateway's call (x-meshserve-parent), the unrecorded Envoy span named in
 `meshserve.unrecorded_parent`. A caller's sampled request is exported as today, Envoy's spans with it."""
@@ -58,18 +58,13 @@ def whole(db: Path, trace_id: str, services: set[str], timeout_s: float = 40.0) 
 
 
 def test_a_kept_request_through_envoy_is_one_tree_and_a_sampled_one_keeps_envoys_spans(tmp_path: Path) -> None:
-    peers = tmp_path / "tracing-peers"
     env = {
-        "MESHSERVE_TRACING_MODE": "retroactive",
-        "MESHSERVE_TRACING_PEERS_FILE": str(peers),
         "MESHSERVE_TRACING_SLOW_MS": "20",
         "MESHSERVE_TRACING_SLOW_PERCENTILE": "0",
         "MESHSERVE_TRACING_BASELINE": "0",
         "MESHSERVE_FEATURE_FAULT_DELAY_MS": "40",
     }
     with local_stack(tmp_path / "logs", env=env) as stack:
-        admin = [f"127.0.0.1:{s['metrics_port']}" for s in stack.state()["services"] if s.get("metrics_port")]
-        peers.write_text("\n".join(admin))
         call(stack, 0, sampled=False)  # connections up
         kept = call(stack, 1, sampled=False)
         sampled = call(stack, 2, sampled=True)

@@ -13,6 +13,7 @@ from pydantic_settings import SettingsConfigDict
 import services.cli.specs as specs
 from services.cache.settings import CacheSettings
 from services.cli.layout import StackLayout
+from services.common.recording_settings import RecordingSettings
 from services.common.settings import ServiceSettings
 from services.feature.settings import FeatureSettings
 from services.gateway.settings import GatewaySettings
@@ -130,4 +131,28 @@ def test_every_service_spec_is_built_from_its_settings_class(tmp_path: Path) -> 
     for service, spec in by_service.items():
         ours = {k for k in spec.env if k.startswith("MESHSERVE_")}
         known = {classes[service].env_name(name) for name in classes[service].model_fields}
+        if service != "traces":  # every service records: the stack's retroactive tracing settings
+            known |= {RecordingSettings.env_name(name) for name in RecordingSettings.model_fields}
         assert ours and ours <= known, (service, ours - known)
+
+
+def test_every_service_of_the_stack_records_and_knows_every_service_as_a_peer(tmp_path: Path) -> None:
+    layout = StackLayout.local(0, models_dir=tmp_path, traces=True, traces_db=tmp_path / "t.sqlite")
+    built = [s for s in specs.build_specs(layout, "redis://x:1") if s.metrics_port]
+    admin = {f"127.0.0.1:{s.metrics_port}" for s in built if s.name != "traces"}
+    assert {s.name for s in built} >= {"gateway", "feature", "cache", "model-v1-a", "model-v1-b", "model-v2"}
+    for spec in built:
+        if spec.name == "traces":
+            continue
+        with pytest.MonkeyPatch.context() as env:  # the settings the started process reads
+            for key, value in spec.env.items():
+                env.setenv(key, value)
+            settings = RecordingSettings()
+        assert settings.retroactive, spec.name
+        assert set(settings.all_peers()) == admin, spec.name
+
+
+def test_head_mode_leaves_the_recording_settings_out(tmp_path: Path) -> None:
+    layout = StackLayout.local(0, models_dir=tmp_path, traces=True, tracing_mode="head")
+    for spec in specs.build_specs(layout, "redis://x:1"):
+        assert not [k for k in spec.env if k.startswith("MESHSERVE_TRACING_")], spec.name

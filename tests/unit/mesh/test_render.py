@@ -291,7 +291,7 @@ def test_tracing_with_a_collector() -> None:
     config = provider["typed_config"]
     assert config["grpc_service"]["envoy_grpc"]["cluster_name"] == "opentelemetry_collector"
     ratio = config["sampler"]["typed_config"]["wrapped_sampler"]["typed_config"]["sampling_percentage"]
-    assert ratio == {"numerator": 100_000, "denominator": "MILLION"}  # randomSamplingPercentage: 10
+    assert ratio == {"numerator": 10_000, "denominator": "MILLION"}  # randomSamplingPercentage: 1
     otlp = next(c for c in boot["static_resources"]["clusters"] if c["name"] == "opentelemetry_collector")
     assert "http2_protocol_options" in str(otlp["typed_extension_protocol_options"])
 
