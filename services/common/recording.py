@@ -418,6 +418,7 @@ class Kept:
     lost: bool
     leaders: list[int] = field(default_factory=list)
     at: float = field(default_factory=time.monotonic)
+    sampled: bool = False  # exported by every process on its own: only its leaders are collected
 
 
 EdgeDecision = Callable[[RecordedSpan], list[str]]
@@ -510,7 +511,7 @@ class Recorder(trace.TracerProvider):
         """An ended span: decided on at the edge when it ends a request here, then exported (head-sampled),
         pinned (kept) or buffered."""
         trace_id = span.trace_id
-        if span.links is not None:
+        if span.links is not None and not span.flags & SAMPLED:  # a sampled batch is exported by every process
             for link in span.links:
                 if link.context.trace_id != trace_id:
                     self.buffer.lead(trace_id, link.context.trace_id)
@@ -575,7 +576,7 @@ class Recorder(trace.TracerProvider):
         leaders = self.buffer.leaders(trace_id)
         if kept is None:
             spans, lost = self.buffer.take(trace_id)
-            kept = Kept(trace_id, set(triggers), spans, lost, leaders)
+            kept = Kept(trace_id, set(triggers), spans, lost, leaders, sampled=sampled)
             if sampled and not leaders:
                 return True  # every process exports this trace's spans on its own
             self.kept[trace_id] = kept

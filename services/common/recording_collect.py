@@ -153,7 +153,7 @@ class Collector:
 
     async def collect(self, batch: Sequence[Kept]) -> dict[bytes, Any]:
         """Gather, assemble and export these kept traces (and the traces they waited on); the outcome of each."""
-        wanted: dict[int, set[str]] = {k.trace_id: set(k.triggers) for k in batch}
+        wanted: dict[int, set[str]] = {k.trace_id: set(k.triggers) for k in batch if not k.sampled}
         for kept in batch:
             for leader in kept.leaders:
                 wanted.setdefault(leader, {LINKED})

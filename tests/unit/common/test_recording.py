@@ -3,6 +3,7 @@ bookkeeping (pinning, triggers, the rate limit, other processes' triggers), chil
 
 from __future__ import annotations
 
+import random
 import time
 from pathlib import Path
 
@@ -196,6 +197,35 @@ def test_a_trace_that_waited_on_another_traces_batch_brings_it_along() -> None:
         )
         batch.end()
     assert kept[0].leaders == [leader.trace_id]
+
+
+def test_a_sampled_leader_is_not_collected_and_a_sampled_member_only_brings_its_unsampled_leader() -> None:
+    rec = make_recorder()
+    kept = []
+    rec.on_keep = kept.append
+    rec.edge = lambda root: ["sampled"] if root.sampled else []  # as the gateway's triggers
+    tracer = rec.get_tracer("t")
+
+    def batched(leader_flags: int, member_flags: int) -> tuple[RecordedSpan, RecordedSpan]:
+        def caller(flags: int) -> otel_context.Context:
+            context = trace.SpanContext(random.getrandbits(128), PARENT, is_remote=True, trace_flags=TraceFlags(flags))
+            return trace.set_span_in_context(trace.NonRecordingSpan(context))
+
+        with tracer.start_as_current_span("leader", context=caller(leader_flags), kind=SpanKind.SERVER) as leader:
+            pass
+        with tracer.start_as_current_span("member", context=caller(member_flags), kind=SpanKind.SERVER) as member:
+            tracer.start_span(
+                "features.batch",
+                context=trace.set_span_in_context(leader),
+                links=[Link(leader.get_span_context()), Link(member.get_span_context())],
+            ).end()
+        return leader, member
+
+    batched(1, 1)
+    assert kept == [] and len(rec.drain_sampled()) == 3  # both exported on their own: no collection at all
+    leader, member = batched(0, 1)
+    (only,) = [k for k in kept if k.trace_id == member.trace_id]
+    assert only.sampled and only.leaders == [leader.trace_id]
 
 
 def test_another_processs_trigger_keeps_an_ended_request_or_waits_for_its_end() -> None:
