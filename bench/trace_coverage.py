@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from services.traces.stages import is_envoy
 from services.traces.store import TraceStore
 
 # The gateway's stage spans and the service whose server span must be below each (through the batch span, which
@@ -40,8 +41,16 @@ def trace_problems(store: TraceStore, trace_id: str, services: Iterable[str] = (
         for batch in batches:
             around = spans if batch.trace_id == trace_id else store.spans([batch.trace_id])
             seen |= {s.service for s in around}
-            if any(s.parent_span_id == batch.span_id and s.service == callee and s.kind == 2 for s in around):
-                reached = True
+            by_id = {s.span_id: s for s in around}
+            for server in (s for s in around if s.service == callee and s.kind == 2):
+                parent, seen_ids = by_id.get(server.parent_span_id), {server.span_id}
+                while parent is not None and is_envoy(parent.service, parent.attributes):  # the mesh's hops
+                    if parent.span_id in seen_ids:
+                        problems.append(f"a cycle of parents through {parent.service}:{parent.name}")
+                        break
+                    seen_ids.add(parent.span_id)
+                    parent = by_id.get(parent.parent_span_id)
+                reached = reached or (parent is not None and parent.span_id == batch.span_id)
         failed = stage.status == STATUS_ERROR or any(b.status == STATUS_ERROR for b in batches)
         if not reached and not failed:
             problems.append(f"no {callee} server span under {stage.name}")

@@ -75,6 +75,9 @@ class StackLayout(BaseModel):
     )
     traces_db: Path | None = Field(None, description="Its SQLite file (default: the store's own default).")
     traces_ui_port: int | None = Field(None, description="The trace UI's HTTP port; None: no UI.")
+    traces_recording_port: int | None = Field(
+        None, description="Where the trace store serves Envoy's access log records to collectors (retroactive mode)."
+    )
     tracing_mode: Literal["retroactive", "head"] = Field(
         "retroactive",
         description="With traces: `retroactive` records every request and keeps the slow, failed, degraded and "
@@ -167,13 +170,16 @@ class StackLayout(BaseModel):
                     f"Envoy's admin socket {socket_path} is longer than a Unix socket path may be "
                     f"({UNIX_PATH_MAX} bytes); choose a shorter --log-dir"
                 )
-        traces_port = traces_ui_port = None
+        traces_port = traces_ui_port = traces_recording_port = None
         if traces:
             traces_port = 4317 if port_base == 8000 else port(90)[0]
             traces_ui_port = port(91)[0]
+            if tracing_mode == "retroactive":
+                traces_recording_port = port(92)[0]
         layout = cls(
             traces_port=traces_port,
             traces_ui_port=traces_ui_port,
+            traces_recording_port=traces_recording_port,
             traces_db=traces_db.resolve() if traces_db else None,
             tracing_mode=tracing_mode,
             mesh=mesh,
@@ -247,6 +253,8 @@ class StackLayout(BaseModel):
             out.append(("traces", self.traces_port))
         if self.traces_ui_port is not None:
             out.append(("traces ui", self.traces_ui_port))
+        if self.traces_recording_port is not None:
+            out.append(("traces recording", self.traces_recording_port))
         return out
 
     def clashing_ports(self) -> list[str]:
@@ -315,5 +323,6 @@ def mesh_topology(layout: StackLayout, secrets: StackSecrets | None = None) -> M
         ingress=t.address(t.ingress_port),
         admin=t.admin,
         otlp=t.address(t.traces_port) if t.traces_port else None,
+        access_log=t.tracing_mode == "retroactive",
         **security,
     )

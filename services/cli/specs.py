@@ -250,7 +250,8 @@ def build_specs(
 
 def recording_env(layout: StackLayout) -> dict[str, str]:
     """Retroactive tracing's settings for every service of the stack: the mode, and as peers the admin (metrics)
-    address of every service process, so that a kept trace is collected from all of them. Nothing in head mode."""
+    address of every service process and the trace store's access log records (Envoy's part), so that a kept trace
+    is collected from all of them. Nothing in head mode."""
     t = layout
     if t.tracing_mode != "retroactive":
         return {}
@@ -260,6 +261,8 @@ def recording_env(layout: StackLayout) -> dict[str, str]:
         t.cache_metrics_port,
         *(g.metrics_port for g in t.gateways),
     ]
+    if t.traces_recording_port is not None:  # Envoy's access log records, kept by the trace store
+        ports.append(t.traces_recording_port)
     return RecordingSettings.env_for(mode="retroactive", peers=[t.address(p) for p in ports if p])
 
 
@@ -269,7 +272,8 @@ def traces_spec(layout: StackLayout) -> ProcessSpec:
     assert t.traces_port is not None
     db = {"db": t.traces_db} if t.traces_db is not None else {}
     ui = {"ui_port": t.traces_ui_port} if t.traces_ui_port is not None else {}
-    env = TracesSettings.env_for(host=t.host, port=t.traces_port, **db, **ui)
+    access = {"recording_port": t.traces_recording_port} if t.traces_recording_port is not None else {}
+    env = TracesSettings.env_for(host=t.host, port=t.traces_port, **db, **ui, **access)
     return ProcessSpec(
         name="traces",
         argv=[sys.executable, "-m", "services.traces"],

@@ -36,13 +36,11 @@ ON_LOOP_TIMEOUT_S = 5.0
 _HEX32 = re.compile(r"^[0-9a-f]{32}$")
 
 
-class AdminServer:
-    """The admin endpoint of one process: start() binds (port 0 picks one) and serves on a thread."""
+class JsonAdmin:
+    """An admin HTTP endpoint: `/metrics` (GET) and JSON POST routes (`routes()`: path -> handler of the body),
+    served on threads; start() binds (port 0 picks one)."""
 
-    def __init__(self, recorder: Recorder, instance_id: str, host: str, port: int) -> None:
-        self.recorder = recorder
-        self.instance_id = instance_id
-        self.loop = asyncio.get_running_loop()
+    def __init__(self, host: str, port: int) -> None:
         admin = self
 
         class Handler(MetricsHandler):
@@ -60,6 +58,9 @@ class AdminServer:
         self.port = int(self.server.server_address[1])
         self._thread = threading.Thread(target=self.server.serve_forever, name="admin-http", daemon=True)
 
+    def routes(self) -> dict[str, Callable[[dict[str, Any]], dict[str, Any]]]:
+        return {}
+
     def start(self) -> int:
         self._thread.start()
         return self.port
@@ -67,6 +68,52 @@ class AdminServer:
     def stop(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+    def handle_post(self, handler: MetricsHandler) -> None:
+        try:
+            length = int(handler.headers.get("Content-Length") or 0)
+            if length > MAX_BODY:
+                raise ValueError("body too large")
+            body = json.loads(handler.rfile.read(length) or b"{}")
+            if not isinstance(body, dict):
+                raise ValueError("not a JSON object")
+            route = self.routes().get(handler.path)
+            if route is None:
+                self._reply(handler, 404, {"error": "not found"})
+                return
+            answer = route(body)
+        except (ValueError, TypeError) as exc:
+            self._reply(handler, 400, {"error": str(exc)[:200]})
+            return
+        except Exception as exc:
+            log.exception("admin request %s failed", handler.path)
+            self._reply(handler, 500, {"error": repr(exc)[:200]})
+            return
+        self._reply(handler, 200, answer)
+
+    @staticmethod
+    def _reply(handler: MetricsHandler, status: int, answer: dict[str, Any]) -> None:
+        data = json.dumps(answer).encode()
+        if status != 200:
+            handler.close_connection = True  # the body may not have been read: the stream is not trusted after it
+        handler.send_response(status)
+        handler.send_header("Content-Type", "application/json")
+        handler.send_header("Content-Length", str(len(data)))
+        handler.end_headers()
+        handler.wfile.write(data)
+
+
+class AdminServer(JsonAdmin):
+    """The admin endpoint of one recording process: its buffer for collectors, and other processes' triggers."""
+
+    def __init__(self, recorder: Recorder, instance_id: str, host: str, port: int) -> None:
+        self.recorder = recorder
+        self.instance_id = instance_id
+        self.loop = asyncio.get_running_loop()
+        super().__init__(host, port)
+
+    def routes(self) -> dict[str, Callable[[dict[str, Any]], dict[str, Any]]]:
+        return {"/recording/collect": self.collect, "/recording/trigger": self.trigger}
 
     def on_loop(self, call: Callable[[], T]) -> T:
         """Run `call` on the event loop (the buffer's only thread) and wait for it."""
@@ -81,34 +128,10 @@ class AdminServer:
         self.loop.call_soon_threadsafe(run)
         return done.result(ON_LOOP_TIMEOUT_S)
 
-    def handle_post(self, handler: MetricsHandler) -> None:
-        try:
-            length = int(handler.headers.get("Content-Length") or 0)
-            if length > MAX_BODY:
-                raise ValueError("body too large")
-            body = json.loads(handler.rfile.read(length) or b"{}")
-            if not isinstance(body, dict):
-                raise ValueError("not a JSON object")
-            if handler.path == "/recording/collect":
-                answer = self.collect(body)
-            elif handler.path == "/recording/trigger":
-                answer = self.trigger(body)
-            else:
-                self._reply(handler, 404, {"error": "not found"})
-                return
-        except (ValueError, TypeError) as exc:
-            self._reply(handler, 400, {"error": str(exc)[:200]})
-            return
-        except Exception as exc:
-            log.exception("admin request %s failed", handler.path)
-            self._reply(handler, 500, {"error": repr(exc)[:200]})
-            return
-        self._reply(handler, 200, answer)
-
     def collect(self, body: dict[str, Any]) -> dict[str, Any]:
         if body.get("collector") == self.instance_id:
             return {"self": True}
-        ids = [_trace_id(t) for t in body.get("trace_ids", [])[:MAX_IDS]]
+        ids = [trace_id_of(t) for t in body.get("trace_ids", [])[:MAX_IDS]]
         spans, lost = self.on_loop(lambda: self.recorder.take(ids))
         otlp = resource_spans(spans, self.recorder.resource, via=True).SerializeToString() if spans else b""
         return {
@@ -119,25 +142,14 @@ class AdminServer:
         }
 
     def trigger(self, body: dict[str, Any]) -> dict[str, Any]:
-        trace_id = _trace_id(body.get("trace_id"))
+        trace_id = trace_id_of(body.get("trace_id"))
         name = str(body.get("trigger") or "")[:64]
         if not name:
             raise ValueError("no trigger")
         return {"seen": self.on_loop(lambda: self.recorder.external_trigger(trace_id, name))}
 
-    @staticmethod
-    def _reply(handler: MetricsHandler, status: int, answer: dict[str, Any]) -> None:
-        data = json.dumps(answer).encode()
-        if status != 200:
-            handler.close_connection = True  # the body may not have been read: the stream is not trusted after it
-        handler.send_response(status)
-        handler.send_header("Content-Type", "application/json")
-        handler.send_header("Content-Length", str(len(data)))
-        handler.end_headers()
-        handler.wfile.write(data)
 
-
-def _trace_id(value: Any) -> int:
+def trace_id_of(value: Any) -> int:
     if not isinstance(value, str) or not _HEX32.match(value):
         raise ValueError(f"not a trace id (32 lowercase hex digits): {str(value)[:40]!r}")
     return int(value, 16)

@@ -6,7 +6,8 @@ process lost its part (its buffer rolled over, or it could not be asked while sp
 Envoy and outside callers record nothing unless they sample. A kept trace that was not sampled therefore holds no
 span of theirs: a callee's server span names a parent (Envoy's) that nobody recorded. The callee also recorded the
 span id its caller sent in `x-meshserve-parent` (`via`), and the collector hangs it there, keeping the unrecorded
-parent's id in `meshserve.unrecorded_parent`.
+parent's id in `meshserve.unrecorded_parent`. When Envoy's access log records were collected too
+(services/common/recording_access.py), Envoy's hops are rebuilt from them with the ids the callees saw.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from services.common.recording import (
     TRIGGER,
     UNRECORDED_PARENT,
 )
+from services.common.recording_access import ACCESS_LOG
 from services.common.recording_otlp import IS_REMOTE, VIA, any_value
 
 SERVER = trace_pb2.Span.SPAN_KIND_SERVER
@@ -130,7 +132,7 @@ def _reparent(items: list[tuple[int, trace_pb2.Span]]) -> None:
         if via and via in by_id:
             set_attr(span, UNRECORDED_PARENT, parent.hex())
             span.parent_span_id = via
-        elif index == 0 and span.flags & IS_REMOTE and not span.flags & 1:
+        elif (index == 0 or _attr(span, ACCESS_LOG) is not None) and span.flags & IS_REMOTE and not span.flags & 1:
             # The request's caller (Envoy, a client) did not sample: nothing of it will ever arrive.
             set_attr(span, UNRECORDED_PARENT, parent.hex())
             span.parent_span_id = b""

@@ -164,7 +164,7 @@ class Collector:
         peers = await self._peers()
         body = {"trace_ids": [f"{t:032x}" for t in ids], "collector": self.instance_id}
         answers = await asyncio.gather(*(self._ask(host, port, label, body) for host, port, label in peers))
-        parts = [own, *(p for p in answers if p is not None)]
+        parts = [own, *(p for answer in answers if answer is not None for p in answer)]
         outcomes = assemble(parts, {t.to_bytes(16, "big"): names for t, names in wanted.items()})
         for trace_id, outcome in outcomes.items():
             if wanted[int.from_bytes(trace_id, "big")] == {LINKED} and not outcome.spans:
@@ -175,24 +175,30 @@ class Collector:
         await self.exporter.export([p.resource for p in parts if p.resource is not None and p.resource.scope_spans])
         return outcomes
 
-    async def _ask(self, host: str, port: int, label: str, body: dict[str, Any]) -> Part | None:
-        """One peer's part; None for this process itself; an unanswered Part when it could not be asked."""
+    async def _ask(self, host: str, port: int, label: str, body: dict[str, Any]) -> list[Part] | None:
+        """One peer's parts (one per service it answers for); None for this process itself; an unanswered Part when
+        it could not be asked."""
         try:
             answer = await self._peer(host, port).post("/recording/collect", body, self.timeout_s)
         except (OSError, TimeoutError, ValueError) as exc:
             log.debug("collection from %s failed: %s", label, exc)
-            return Part(label, None)
+            return [Part(label, None)]
         if answer.get("self"):
             return None
-        resource = trace_pb2.ResourceSpans()
-        try:
-            resource.ParseFromString(base64.b64decode(answer.get("otlp") or ""))
-        except (binascii.Error, ValueError) as exc:
+        encoded = answer.get("otlp") or ""
+        resources = []
+        try:  # one ResourceSpans, or a list of them (a peer answering for several services: Envoy's listeners)
+            for text in encoded if isinstance(encoded, list) else [encoded]:
+                resource = trace_pb2.ResourceSpans()
+                resource.ParseFromString(base64.b64decode(text))
+                resources.append(resource)
+        except (binascii.Error, ValueError, TypeError) as exc:
             log.warning("collection from %s: unreadable answer (%s)", label, exc)
-            return Part(label, None)
+            return [Part(label, None)]
         service = str(answer.get("service") or "?")
         lost = {bytes.fromhex(t) for t in answer.get("lost", []) if isinstance(t, str) and len(t) == 32}
-        return Part(f"{service}@{label}", resource, lost)
+        parts = [Part(f"{service}@{label}", r, lost if i == 0 else set()) for i, r in enumerate(resources)]
+        return parts or [Part(f"{service}@{label}", trace_pb2.ResourceSpans(), lost)]
 
     async def _peers(self) -> list[tuple[str, int, str]]:
         """(address, port, label) of every peer, names resolved to all their addresses (re-resolved every 5 s)."""

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from services.mesh.access_log import access_log
 from services.mesh.authn import check_jwks, ingress_jwt_rules, jwt_authn_filter
 from services.mesh.authz import anonymous_paths, ingress_policies, rbac_filters
 from services.mesh.clusters import render_clusters
@@ -67,9 +68,17 @@ def ingress_listener(istio: IstioConfig, topology: MeshTopology, address: str, r
     """The ingress gateway: TLS, authentication and authorization filters, then the EnvoyFilter patches."""
     trace = tracing(istio, topology.otlp, "meshserve-ingress")
     filters = ingress_security_filters(istio, topology)
-    out = listener(INGRESS, address, routes_dir, trace, security_filters=filters, tls=ingress_tls(istio, topology))
+    tls = ingress_tls(istio, topology)
+    out = listener(
+        INGRESS, address, routes_dir, trace, security_filters=filters, tls=tls, access=access(topology, INGRESS)
+    )
     apply_patches(hcm_of(out), ingress_patches(istio))
     return out
+
+
+def access(topology: MeshTopology, name: str) -> list[dict[str, Any]] | None:
+    """The listener's access log to the OTLP collector, when the topology asks for one."""
+    return access_log(name) if topology.otlp is not None and topology.access_log else None
 
 
 def admin_address(address: str) -> dict[str, Any]:
@@ -86,7 +95,8 @@ def render(istio: IstioConfig, topology: MeshTopology, routes_dir: Path, weights
     if topology.ingress is not None:
         listeners.append(ingress_listener(istio, topology, topology.ingress, routes_dir))
     for service, st in topology.services.items():
-        listeners.append(listener(service, st.listen, routes_dir, tracing(istio, topology.otlp, f"{service}-sidecar")))
+        trace = tracing(istio, topology.otlp, f"{service}-sidecar")
+        listeners.append(listener(service, st.listen, routes_dir, trace, access=access(topology, service)))
     traced = any("tracing" in hcm_of(item) for item in listeners)
     bootstrap: dict[str, Any] = {
         "node": {"id": topology.node_id, "cluster": "meshserve"},

@@ -126,6 +126,7 @@ def listener(
     *,
     security_filters: list[dict[str, Any]] | None = None,
     tls: IngressTls | None = None,
+    access: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """A listener whose HTTP filters are `security_filters` (jwt_authn, RBAC), fault injection, the router."""
     host, port = split_address(address)
@@ -148,6 +149,8 @@ def listener(
     }
     if trace is not None:
         hcm["tracing"] = trace
+    if access:
+        hcm["access_log"] = access
     chain: dict[str, Any] = {
         "filters": [{"name": "envoy.filters.network.http_connection_manager", "typed_config": hcm}]
     }

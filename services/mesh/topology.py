@@ -95,6 +95,11 @@ class MeshTopology(_Strict):
         "owner may open (mode 0600).",
     )
     otlp: str | None = Field(None, description="host:port of an OTLP/gRPC collector; None exports no spans.")
+    access_log: bool = Field(
+        False,
+        description="With `otlp`: send every request's access log record to its LogsService too, from which "
+        "retroactive tracing rebuilds Envoy's spans of kept requests Envoy did not sample.",
+    )
     health_check: HealthCheck | None = Field(default_factory=HealthCheck)
     node_id: str = "meshserve-local"
     ingress_tls: IngressTls | None = Field(

@@ -1,5 +1,6 @@
 """`python -m services.traces [--ui-port PORT] [--ui-host HOST]`: receive OTLP/gRPC spans into the local SQLite trace
-store until SIGTERM, and serve the trace UI over it when given a UI port (flag or MESHSERVE_TRACES_UI_PORT)."""
+store until SIGTERM, and serve the trace UI over it when given a UI port (flag or MESHSERVE_TRACES_UI_PORT); with
+MESHSERVE_TRACES_RECORDING_PORT, also keep Envoy's access log records for retroactive collection."""
 
 from __future__ import annotations
 
@@ -8,10 +9,14 @@ import asyncio
 import logging
 import os
 
+from opentelemetry.proto.collector.logs.v1 import logs_service_pb2_grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 
 from services.common.logs import setup_logging
+from services.common.recording_access import AccessLogBuffer
 from services.common.server import GrpcService
+from services.traces.access_logs import SERVICE_NAME as LOGS_SERVICE_NAME
+from services.traces.access_logs import AccessLogAdmin, AccessLogServicer
 from services.traces.servicer import SERVICE_NAME, TracesServicer
 from services.traces.settings import TracesSettings
 from services.traces.web import TraceUI
@@ -29,16 +34,27 @@ async def serve(settings: TracesSettings) -> None:
         settings.db, settings.max_spans, settings.max_age_s, settings.batch_max_spans, settings.queue_max_spans
     )
     writer.start()
-    service = GrpcService("traces", settings, [SERVICE_NAME])
+    names = [SERVICE_NAME] + ([LOGS_SERVICE_NAME] if settings.recording_port is not None else [])
+    service = GrpcService("traces", settings, names)
     trace_service_pb2_grpc.add_TraceServiceServicer_to_server(TracesServicer(writer), service.server)
+    access: AccessLogAdmin | None = None
+    if settings.recording_port is not None:
+        buffer = AccessLogBuffer(settings.recording_max_records)
+        logs_service_pb2_grpc.add_LogsServiceServicer_to_server(AccessLogServicer(buffer), service.server)
+        access = AccessLogAdmin(buffer, settings.host, settings.recording_port)
 
     async def on_start() -> None:
         log.info("keeping up to %d spans in %s", settings.max_spans, settings.db)
         if ui is not None:
             ui.start()
             log.info("trace UI at %s", ui.url)
+        if access is not None:
+            access.start()
+            log.info("access log records for retroactive collection on http://%s:%d", settings.host, access.port)
 
     async def on_stop() -> None:
+        if access is not None:
+            await asyncio.to_thread(access.stop)
         if ui is not None:
             await asyncio.to_thread(ui.stop)
         await asyncio.to_thread(writer.close)

@@ -39,3 +39,13 @@ class TracesSettings(ServiceSettings):
     queue_max_spans: int = Field(
         100_000, ge=1, description="Spans waiting to be written; Exports past it are rejected (partial_success)."
     )
+    recording_port: int | None = Field(
+        None,
+        ge=0,
+        le=65535,
+        description="Retroactive tracing: keep Envoy's access log records (OTLP logs on the gRPC port) in memory "
+        "and serve them to collectors on this HTTP port (`POST /recording/collect`); unset: logs are refused.",
+    )
+    recording_max_records: int = Field(
+        50_000, ge=1, description="Access log records kept for collection; past it the oldest traces go, whole."
+    )

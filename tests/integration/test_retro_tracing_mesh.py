@@ -1,8 +1,8 @@
 """Retroactive tracing through the real Envoy of `meshserve up`: every process records (the stack's default,
-every service's metrics address its peer), the feature service is slowed by 40 ms and every request
-over 20 ms is kept. A request whose caller did not sample it is one whole tree in the store although no Envoy span
-was recorded: each callee hangs on the gateway's call (x-meshserve-parent), the unrecorded Envoy span named in
-`meshserve.unrecorded_parent`. A caller's sampled request is exported as today, Envoy's spans with it."""
+every service's metrics address its peer), the feature service is slowed by 40 ms and every request over 20 ms is
+kept. A request whose caller did not sample it is one whole tree in the store although Envoy recorded no span of
+it: Envoy's hops are rebuilt from its access log (kept by the trace store), each callee under the hop that reached
+it. A caller's sampled request is exported as today, Envoy's spans with it."""
 
 from __future__ import annotations
 
@@ -71,17 +71,26 @@ def test_a_kept_request_through_envoy_is_one_tree_and_a_sampled_one_keeps_envoys
         db = stack.log_dir / "traces.sqlite"
         spans = whole(db, kept, SERVICES)
         with TraceStore(db) as store:
-            assert trace_problems(store, kept, SERVICES) == []
+            problems = trace_problems(store, kept, SERVICES)
+            assert problems == [], (problems, [(s.service, s.name, s.span_id, s.parent_span_id) for s in spans])
         head = whole(db, sampled, SERVICES)
     by_id = {s.span_id: s for s in spans}
     (root,) = [s for s in spans if not s.parent_span_id]
-    assert (root.service, root.attributes["meshserve.trigger"]) == ("gateway", "latency")
-    assert len(root.attributes["meshserve.unrecorded_parent"]) == 16  # the ingress Envoy's span, not sampled
-    assert {s.service for s in spans} == SERVICES  # Envoy recorded nothing of it (it did not sample)
-    for service, hop in (("feature", "features.batch"), ("model", "model.batch")):
-        (server,) = [s for s in spans if s.service == service and "/" in s.name]
-        assert by_id[server.parent_span_id].name == hop, (service, by_id[server.parent_span_id].name)
-        assert len(server.attributes["meshserve.unrecorded_parent"]) == 16  # the Envoy hop between them
+    # Envoy sampled nothing of it, but its access log gave its hops back: the ingress heads the trace and every
+    # callee hangs on the Envoy hop in front of it, by the span id the callee saw.
+    assert (root.service, root.name, root.kind) == ("meshserve-ingress", "ingress", 2)
+    assert root.attributes["meshserve.access_log"] == "ingress" and "meshserve.trigger" in root.attributes
+    gateway = next(s for s in spans if s.service == "gateway" and "/" in s.name)
+    assert by_id[gateway.parent_span_id].service == "meshserve-ingress"
+    assert by_id[by_id[gateway.parent_span_id].parent_span_id] is root
+    for service, hop in (("feature", "features.batch"), ("model", "model.batch"), ("cache", "cache.lookup.batch")):
+        server = min((s for s in spans if s.service == service and "/" in s.name), key=lambda s: s.start_ns)
+        upstream = by_id[server.parent_span_id]
+        assert (upstream.service, upstream.kind) == (f"{service}-sidecar", 3), (service, upstream)
+        listener = by_id[upstream.parent_span_id]
+        assert listener.service == f"{service}-sidecar" and by_id[listener.parent_span_id].name == hop
+        assert listener.start_ns <= upstream.start_ns <= server.start_ns and server.end_ns <= listener.end_ns
+        assert "meshserve.unrecorded_parent" not in server.attributes
     lookup = next(s for s in spans if s.name == "feature.online_lookup")
     assert lookup.duration_ns >= 40e6
     services = {s.service for s in head}

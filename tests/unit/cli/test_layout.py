@@ -106,10 +106,11 @@ def test_free_port_layouts_never_repeat_a_port(tmp_path: Path, monkeypatch: pyte
     ports = [
         *(t.gateway_port, t.gateway_metrics_port, t.feature_port, t.feature_metrics_port, t.cache_port),
         *(t.cache_metrics_port, t.ingress_port, t.admin_port, t.traces_port, t.traces_ui_port),
+        t.traces_recording_port,
         *t.listen_ports.values(),
         *(p for r in t.replicas for p in (r.port, r.metrics_port)),
     ]
-    assert len(ports) == len(set(ports)) == 20
+    assert len(ports) == len(set(ports)) == 21
     assert sorted(port for _, port in t.ports()) == sorted(ports)  # what the clash check looks at
 
 
