@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import urllib.request
 from collections.abc import Sequence
 
 import grpc
@@ -23,6 +22,7 @@ from services.common.recording_assemble import COLLECTION_SPAN, Part, assemble
 from services.common.recording_collect import Collector
 from services.common.recording_otlp import VIA, resource_spans, span_pb
 from services.common.recording_settings import RecordingSettings
+from tests.helpers.recording import Exported, http_status
 
 TRACE = 0x4BF92F3577B34DA6A3CE929D0E0E4736
 CALLER = 0x00F067AA0BA902B7
@@ -141,30 +141,6 @@ def test_a_kept_trace_with_no_spans_left_still_arrives_marked() -> None:
     linked_only = [part_of("gateway@self", [], "gateway")]
     assert assemble(linked_only, {TRACE.to_bytes(16, "big"): {"linked"}})[TRACE.to_bytes(16, "big")].spans == 0
     assert not linked_only[0].resource.scope_spans  # type: ignore[union-attr]
-
-
-def http_status(url: str, body: bytes | None = None) -> int:
-    try:
-        with urllib.request.urlopen(urllib.request.Request(url, body), timeout=5) as reply:
-            return int(reply.status)
-    except urllib.error.HTTPError as exc:
-        return exc.code
-
-
-class Exported:
-    """An OtlpExporter stand-in that keeps what it is given."""
-
-    def __init__(self) -> None:
-        self.requests: list[list[trace_pb2.ResourceSpans]] = []
-        self.exported_spans = 0
-        self.failures = 0
-
-    async def export(self, items: Sequence[trace_pb2.ResourceSpans]) -> bool:
-        self.requests.append(list(items))
-        return True
-
-    async def close(self) -> None:
-        pass
 
 
 async def test_a_collector_gathers_a_peers_part_over_its_admin_endpoint() -> None:

@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import urllib.error
-import urllib.request
-from collections.abc import Sequence
 
 import grpc
 from opentelemetry.proto.collector.logs.v1 import logs_service_pb2, logs_service_pb2_grpc
@@ -26,6 +23,7 @@ from services.common.recording_collect import Collector
 from services.common.recording_settings import RecordingSettings
 from services.mesh.access_log import ATTRIBUTES
 from services.traces.access_logs import AccessLogAdmin, AccessLogServicer
+from tests.helpers.recording import Exported, http_status
 
 TRACE = 0x4BF92F3577B34DA6A3CE929D0E0E4736
 GATEWAY_HOP = 0x00F067AA0BA902B7
@@ -109,25 +107,6 @@ def test_the_buffer_evicts_whole_traces_and_remembers_which() -> None:
     taken, lost = buffer.take([1, 2, 4])
     assert [r.trace_id for r in taken] == [2] and lost == [1]
     assert buffer.take([2]) == ([], []) and len(buffer) == 1
-
-
-class Exported:
-    def __init__(self) -> None:
-        self.requests: list[Sequence[trace_pb2.ResourceSpans]] = []
-
-    async def export(self, resources: Sequence[trace_pb2.ResourceSpans]) -> None:
-        self.requests.append(list(resources))
-
-    async def close(self) -> None:
-        return None
-
-
-def http_status(url: str, body: bytes) -> int:
-    try:
-        with urllib.request.urlopen(urllib.request.Request(url, data=body, method="POST"), timeout=5) as response:
-            return int(response.status)
-    except urllib.error.HTTPError as err:
-        return int(err.code)
 
 
 async def test_a_kept_trace_is_collected_with_envoys_hop_from_the_trace_stores_access_log() -> None:
