@@ -17,7 +17,7 @@ from tests.helpers.fixtures import fraud_row
 
 
 class DelayingProxy:
-    """A loopback TCP proxy to Valkey that holds each reply chunk `delay_s` (or until `answering` is set again)."""
+    """A loopback TCP proxy to Valkey that holds every reply `delay_s` (or until `answering` is set again)."""
 
     def __init__(self, upstream_port: int) -> None:
         self.upstream_port = upstream_port
@@ -32,16 +32,37 @@ class DelayingProxy:
         return f"redis://127.0.0.1:{self.server.sockets[0].getsockname()[1]}/0"
 
     async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, delayed: bool) -> None:
-        try:
-            while chunk := await reader.read(65536):
-                if delayed:
-                    await self.answering.wait()
-                    await asyncio.sleep(self.delay_s)
+        """Forward bytes; on the delayed side each chunk leaves `delay_s` after it arrived (a delay line: a reply
+        that arrives in several chunks is late by `delay_s` once, not once per chunk)."""
+        loop = asyncio.get_running_loop()
+        line: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
+
+        async def forward() -> None:
+            while True:
+                arrived, chunk = await line.get()
+                if not chunk:
+                    return
+                await self.answering.wait()
+                await asyncio.sleep(max(0.0, arrived + self.delay_s - loop.time()))
                 writer.write(chunk)
                 await writer.drain()
+
+        sender = asyncio.ensure_future(forward()) if delayed else None
+        try:
+            while chunk := await reader.read(65536):
+                if sender is not None:
+                    line.put_nowait((loop.time(), chunk))
+                else:
+                    writer.write(chunk)
+                    await writer.drain()
+            if sender is not None:
+                line.put_nowait((loop.time(), b""))
+                await sender
         except (ConnectionError, asyncio.CancelledError):
             pass
         finally:
+            if sender is not None:
+                sender.cancel()
             writer.close()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
