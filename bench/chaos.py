@@ -210,7 +210,7 @@ def up_options() -> set[str]:
 def topology_file(path: Path, gateway_replicas: int, in_topology: bool) -> Path:
     """The demo topology with the canary replica pinned to CANARY_PINS of fraud_mlp (and the gateway replicas where
     the topology holds them)."""
-    from services.cli.stack_topology import StackTopology
+    from services.cli.stack.topology import StackTopology
 
     topology = StackTopology.demo().model_dump(exclude_none=True)
     if topology.get("canary"):
@@ -225,7 +225,7 @@ def stack_arguments(
     tmp: Path, models_dir: Path, gateway_replicas: int, secure: bool = False
 ) -> tuple[list[str], dict[str, Any]]:
     """`meshserve up` arguments for the run and a description of the stack (what this tree could not give)."""
-    from services.cli.stack_topology import StackTopology
+    from services.cli.stack.topology import StackTopology
 
     options = up_options()
     flag = "gateway_replicas" in options

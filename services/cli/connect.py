@@ -9,7 +9,7 @@ from pathlib import Path
 
 import grpc
 
-from services.cli.stack_secrets import SecretsError, StackSecrets
+from services.cli.stack.credentials import SecretsError, StackSecrets
 
 STATE_FILE = "stack.json"
 CLI_SUBJECT = "meshserve-cli"

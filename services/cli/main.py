@@ -114,13 +114,13 @@ def up(
 ) -> None:
     """Run the local stack (Valkey, the topology's model replicas, feature, cache, gateway, Envoy) until Ctrl-C.
 
-    The default topology is the demo's: model v1 on two replicas and v2 as canary (services/cli/demo_stack.yaml).
+    The default topology is the demo's: model v1 on two replicas and v2 as canary (services/cli/stack/demo_topology.yaml).
     The ingress speaks TLS with a certificate of the stack's own CA and wants a token (`meshserve token`); the
     secrets live in <log-dir>/secrets, made at the first `up` and kept.
     """
-    from services.cli.layout import StackLayout
-    from services.cli.stack_topology import StackTopology, TopologyFileError
-    from services.cli.up import run_stack
+    from services.cli.stack.layout import StackLayout
+    from services.cli.stack.topology import StackTopology, TopologyFileError
+    from services.cli.stack.up import run_stack
     from services.mesh import MeshConfigError
 
     try:
@@ -259,7 +259,7 @@ def token(
     ] = Path(".logs"),
 ) -> None:
     """Print a JWT for CLIENT (or, with --operator, the operator) that the local stack's ingress accepts."""
-    from services.cli.stack_secrets import SecretsError
+    from services.cli.stack.credentials import SecretsError
     from services.cli.token import issue
     from services.common.tokens import TokenError
 

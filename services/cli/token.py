@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from services.cli.stack_secrets import StackSecrets
+from services.cli.stack.credentials import StackSecrets
 from services.common.tokens import OPERATOR_SUBJECT
 
 UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}

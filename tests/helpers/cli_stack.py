@@ -51,7 +51,7 @@ class Stack:
 
     def operator_headers(self) -> dict[str, str]:
         """`authorization: Bearer <the operator token every service checks>` (for calls straight to a service)."""
-        from services.cli.stack_secrets import StackSecrets
+        from services.cli.stack.credentials import StackSecrets
 
         return {"authorization": f"Bearer {StackSecrets(Path(self.state()['secrets_dir'])).operator_token()}"}
 

@@ -70,7 +70,7 @@ def test_up_prints_every_service_and_reports_serving(stack: Stack) -> None:
 
 
 def test_the_stacks_secrets_stay_out_of_what_it_prints_and_writes(stack: Stack) -> None:
-    from services.cli.stack_secrets import StackSecrets
+    from services.cli.stack.credentials import StackSecrets
 
     secrets = StackSecrets(Path(stack.state()["secrets_dir"]))
     assert secrets.dir == stack.log_dir / "secrets" and stack.state()["tls_ca"] == str(secrets.ca_cert)

@@ -18,7 +18,7 @@ from services.cli.connect import STATE_FILE, ConnectError, Endpoint, resolve, sa
 from services.cli.demo import run_demo
 from services.cli.infer import infer
 from services.cli.main import app
-from services.cli.stack_secrets import StackSecrets
+from services.cli.stack.credentials import StackSecrets
 from services.cli.status import check_all, grpc_status
 from services.common import tokens
 from services.protos import inference_pb2_grpc

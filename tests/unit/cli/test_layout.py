@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from services.cli.layout import StackLayout, mesh_topology
-from services.cli.specs import build_specs, busy_ports
-from services.cli.stack_secrets import StackSecrets
-from services.cli.stack_topology import StackTopology
+from services.cli.stack.layout import StackLayout, mesh_topology
+from services.cli.stack.specs import build_specs, busy_ports
+from services.cli.stack.credentials import StackSecrets
+from services.cli.stack.topology import StackTopology
 from services.common.tokens import LOCAL_ISSUER
 
 
@@ -90,7 +90,7 @@ def test_busy_ports_name_the_holder(tmp_path: Path) -> None:
 
 
 def test_redis_passwords_are_not_printed() -> None:
-    from services.cli.up import redact
+    from services.cli.stack.up import redact
 
     assert redact("redis://user:secret@h:6379/0") == "redis://user:***@h:6379/0"
     assert redact("rediss://:pw@h:1") == "rediss://:***@h:1"
@@ -98,7 +98,7 @@ def test_redis_passwords_are_not_printed() -> None:
 
 
 def test_free_port_layouts_never_repeat_a_port(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import services.cli.layout as layout
+    import services.cli.stack.layout as layout
 
     offered = iter([40001, 40001, 40002, 40002, *range(40003, 40100)])  # the OS offering a released port again
     monkeypatch.setattr(layout, "free_port", lambda host="127.0.0.1": next(offered))

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from services.cli import specs
-from services.cli.layout import StackLayout
+from services.cli.stack import specs
+from services.cli.stack.layout import StackLayout
 
 
 def python_specs(tmp_path: Path) -> list[specs.ProcessSpec]:

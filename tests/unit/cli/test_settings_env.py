@@ -10,10 +10,10 @@ import pytest
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-import services.cli.specs as specs
+import services.cli.stack.specs as specs
 from services.cache.settings import CacheSettings
-from services.cli.layout import StackLayout
-from services.common.recording_settings import RecordingSettings
+from services.cli.stack.layout import StackLayout
+from services.common.recording.settings import RecordingSettings
 from services.common.settings import ServiceSettings
 from services.feature.settings import FeatureSettings
 from services.gateway.settings import GatewaySettings

@@ -13,7 +13,7 @@ import pytest
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
-from services.cli.stack_secrets import SecretsError, StackSecrets
+from services.cli.stack.credentials import SecretsError, StackSecrets
 from services.common import tokens
 
 FILES = {

@@ -8,14 +8,14 @@ import pytest
 from typer.testing import CliRunner
 
 from services.cli.main import app
-from services.cli.stack_topology import ModelGroup, StackTopology, TopologyFileError, demo_file
+from services.cli.stack.topology import ModelGroup, StackTopology, TopologyFileError, demo_file
 
 
 def test_the_demo_runs_two_v1_replicas_and_a_v2_canary() -> None:
     demo = StackTopology.demo()
     assert demo.stable == ModelGroup(subset="v1", replicas=2, pinned_versions={"fraud_mlp": [1]})
     assert demo.canary == ModelGroup(subset="v2", replicas=1, pinned_versions={"fraud_mlp": [2]})
-    assert demo_file().name == "demo_stack.yaml" and demo_file().is_file()
+    assert demo_file().name == "demo_topology.yaml" and demo_file().is_file()
 
 
 def test_command_line_overrides() -> None:

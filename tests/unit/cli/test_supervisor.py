@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from services.cli.specs import ProcessSpec
-from services.cli.stack import BackoffPolicy, Supervisor, tail
+from services.cli.stack.specs import ProcessSpec
+from services.cli.stack.supervisor import BackoffPolicy, Supervisor, tail
 
 
 def child(code: str, name: str, depends_on: list[str] | None = None) -> ProcessSpec:

@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from services.cli.main import app
-from services.cli.stack_secrets import StackSecrets
+from services.cli.stack.credentials import StackSecrets
 from services.cli.token import TtlError, parse_ttl
 from services.common import tokens
 

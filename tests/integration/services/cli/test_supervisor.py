@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from services.cli.specs import ProcessSpec
-from services.cli.stack import BackoffPolicy, StackError, Supervisor
+from services.cli.stack.specs import ProcessSpec
+from services.cli.stack.supervisor import BackoffPolicy, StackError, Supervisor
 
 
 def child(code: str, name: str, depends_on: list[str] | None = None) -> ProcessSpec:
@@ -139,8 +139,8 @@ def test_children_die_with_a_killed_supervisor(tmp_path: Path) -> None:
     script = f"""
 import asyncio, sys
 from pathlib import Path
-from services.cli.stack import Supervisor
-from services.cli.specs import ProcessSpec
+from services.cli.stack.supervisor import Supervisor
+from services.cli.stack.specs import ProcessSpec
 
 async def main():
     spec = ProcessSpec(name="c", argv=[sys.executable, "-c", "import time; time.sleep(60)"])

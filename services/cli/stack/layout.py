@@ -9,13 +9,13 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, Field
 
-from services.cli.stack_topology import ModelGroup, StackTopology
+from services.cli.stack.topology import ModelGroup, StackTopology
 
 if TYPE_CHECKING:
-    from services.cli.stack_secrets import StackSecrets
+    from services.cli.stack.credentials import StackSecrets
     from services.mesh import MeshTopology
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 METRICS_OFFSET = 1000  # metrics port = gRPC port + 1000 (8000 -> 9000), as the default ports are laid out
 MESH_SERVICES = ("gateway", "model", "feature", "cache")
 
@@ -42,7 +42,7 @@ UNIX_PATH_MAX = 100  # sun_path holds 108 bytes; services.mesh takes at most 100
 
 
 class StackLayout(BaseModel):
-    """Every port and path of the local stack; services.cli.specs turns it into process specs."""
+    """Every port and path of the local stack; services.cli.stack.specs turns it into process specs."""
 
     host: str = "127.0.0.1"
     gateways: list[GatewayReplica] = Field(

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from services.common.validation import describe
 
-DEMO_FILE = "demo_stack.yaml"
+DEMO_FILE = "demo_topology.yaml"
 MAX_REPLICAS = 8
 
 
@@ -73,7 +73,7 @@ class StackTopology(BaseModel):
 
     @classmethod
     def demo(cls) -> StackTopology:
-        """The default stack: the `demo_stack.yaml` shipped with the CLI."""
+        """The default stack: the `demo_topology.yaml` shipped with the CLI."""
         return cls.load(demo_file())
 
     def with_counts(
@@ -92,4 +92,4 @@ class StackTopology(BaseModel):
 
 def demo_file() -> Traversable:
     """The demo topology, as a package resource (it ships with the CLI, wherever it is installed)."""
-    return resources.files("services.cli") / DEMO_FILE
+    return resources.files("services.cli.stack") / DEMO_FILE

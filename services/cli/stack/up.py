@@ -16,10 +16,10 @@ from rich.console import Console
 from rich.table import Table
 
 from services.cli.connect import STATE_FILE, Endpoint
-from services.cli.layout import StackLayout, mesh_topology
-from services.cli.specs import ProcessSpec, build_specs, busy_ports
-from services.cli.stack import BackoffPolicy, StackError, Supervisor, grpc_health
-from services.cli.stack_secrets import StackSecrets
+from services.cli.stack.layout import StackLayout, mesh_topology
+from services.cli.stack.specs import ProcessSpec, build_specs, busy_ports
+from services.cli.stack.supervisor import BackoffPolicy, StackError, Supervisor, grpc_health
+from services.cli.stack.credentials import StackSecrets
 
 MESH_DIR = "mesh"  # under the log dir: Envoy's rendered config (LocalMesh.attach(log_dir / MESH_DIR))
 
@@ -96,7 +96,7 @@ async def run_stack(
 ) -> int:
     """Run the stack until a signal; 0 after a clean stop, 1 when it could not start.
 
-    The stack's secrets (services.cli.stack_secrets) are made in `log_dir` unless they are there already. With
+    The stack's secrets (services.cli.stack.credentials) are made in `log_dir` unless they are there already. With
     `layout.valkey_port`, Valkey runs under the supervisor with the secrets' password (`redis_url` is then ignored);
     otherwise feature and cache use `redis_url`. With `demo_s`, synthetic traffic runs for that long once the stack
     is up, then a summary and how to call the endpoint are printed, and the stack keeps serving.

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from services.cli.specs import ProcessSpec
+from services.cli.stack.specs import ProcessSpec
 
 START_HEADER = "=== meshserve up: starting"
 Notify = Callable[[str], None]

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import BaseModel, Field, SecretStr
 
 from services.cache.settings import CacheSettings
-from services.cli.layout import StackLayout, port_in_use
-from services.common.recording_settings import RecordingSettings
+from services.cli.stack.layout import StackLayout, port_in_use
+from services.common.recording.settings import RecordingSettings
 from services.common.settings import ServiceSettings
 from services.feature.settings import FeatureSettings
 from services.gateway.settings import GatewaySettings
@@ -18,7 +18,7 @@ from services.model.settings import ModelSettings
 from services.traces.settings import TracesSettings
 
 if TYPE_CHECKING:
-    from services.cli.stack_secrets import StackSecrets
+    from services.cli.stack.credentials import StackSecrets
 
 
 class ProcessSpec(BaseModel):
