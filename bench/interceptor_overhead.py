@@ -39,7 +39,7 @@ import grpc
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
-from bench.results import figure, print_table, record
+from bench.lib.results import figure, print_table, record
 from services.common.interceptors import UNTRACED_PREFIXES, ErrorAndMetricsInterceptor
 
 COMMAND = "python -m bench.interceptor_overhead"

@@ -14,9 +14,9 @@ from typing import Any
 import grpc
 import numpy as np
 
-from bench import results
-from bench.model_service import MODELS, model_service_argv, model_service_env
-from bench.serving import ROOT, ServerStartError, free_port, running
+from bench.lib import results
+from bench.lib.model_repo import MODELS
+from bench.lib.serving import ROOT, ServerStartError, free_port, model_service_argv, model_service_env, running
 from services.mesh import LocalMesh
 from services.mesh import MeshEndpoint as Replica
 from services.mesh import MeshService as ServiceTopology

@@ -5,31 +5,36 @@ against FP32 (ONNX Runtime on the CPU, the heavy model at batch 32)."""
 from __future__ import annotations
 
 import argparse
-import shutil
-import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from bench import results
-from bench.perf_analyzer import PerfAnalyzerError, PerfResult, ensure_perf_analyzer, run_perf_analyzer
-from bench.serving import ROOT, ServerStartError, free_port, running
+from bench.lib import results
+from bench.lib.model_repo import (
+    DIGITS,
+    FRAUD,
+    HEAVY,
+    MODELS,
+    copy_fraud,
+    copy_model,
+    default_backend,
+    heavy_file,
+    model_dir,
+    with_backend,
+    write_heavy,
+)
+from bench.lib.perf_analyzer import ensure_perf_analyzer
+from bench.lib.perf_runs import FLOOR, FRAUD_CONCURRENCY, OFF, ON, Bench, perf_cells
+from bench.lib.rates import rows_per_second
+from bench.lib.results import ratio
 
-MODELS = ROOT / "models"
-FRAUD = "fraud_mlp"
-DIGITS = "digits_cnn"
-HEAVY = "heavy_mlp"
-HEAVY_FOLDER = Path("bench") / HEAVY  # under the repository root, beside the demo (built by `make models`)
-FRAUD_CONCURRENCY = (1, 8, 32)
 HEAVY_CONCURRENCY = 32
 FORWARD_BATCH = 32
-HEAVY_DELAY_US = 8000
 SEED = 1234
 PREFIX = "model_service"
 ENGINES = ("onnxruntime", "torchscript")
@@ -38,108 +43,8 @@ ENGINE_BATCHES = (1, FORWARD_BATCH)
 ENGINE_CONCURRENCY = (1, 32)
 SECTIONS = ("serving", "engines", "forward")  # forward: the in-process measurements alone (always run)
 
-FLOOR = "floor"
-ON = "batching on"
-OFF = "batching off"
-
-
-# ----------------------------------------------------------------------------- repositories
-
-
-def _serve_v1_only(config: dict[str, Any]) -> dict[str, Any]:
-    config["version_policy"] = {"specific": {"versions": [1]}}
-    config.pop("version_overrides", None)
-    return config
-
-
-def _write_config(model_dir: Path, config: dict[str, Any]) -> None:
-    (model_dir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-
-
-def model_dir(model: str, models: Path = MODELS) -> Path:
-    """Where `model` lives in the repository at `models` (the heavy one under bench/)."""
-    return models / HEAVY_FOLDER if model == HEAVY else models / model
-
-
-def _with_backend(config: dict[str, Any], backend: str | None) -> dict[str, Any]:
-    if backend is not None:
-        config["backend"] = backend
-        config.pop("default_model_filename", None)  # the backend's own file
-    return config
-
-
-def copy_fraud(repo: Path, batching: bool, models: Path = MODELS, backend: str | None = None) -> None:
-    """Copy models/fraud_mlp (config and version 1 only) into `repo`; drop dynamic_batching when off; `backend`
-    overrides the config's."""
-    copy_model(repo, FRAUD, batching, models, backend)
-
-
-def copy_model(repo: Path, model: str, batching: bool, models: Path = MODELS, backend: str | None = None) -> None:
-    """A demo model's config and version 1 in `repo` (see copy_fraud)."""
-    src = model_dir(model, models)
-    dst = repo / model
-    (dst / "1").mkdir(parents=True)
-    for item in (src / "1").iterdir():
-        (shutil.copytree if item.is_dir() else shutil.copy2)(item, dst / "1" / item.name)
-    config = yaml.safe_load((src / "config.yaml").read_text())
-    if not batching:
-        config.pop("dynamic_batching", None)
-    _write_config(dst, _serve_v1_only(_with_backend(config, backend)))
-
-
-def heavy_file(models: Path = MODELS) -> Path:
-    """The heavy model's TorchScript file (model.onnx beside it), as `make models` writes it."""
-    return model_dir(HEAVY, models) / "1" / "model.pt"
-
-
-def write_heavy(
-    repo: Path, batching: bool, model_file: Path, models: Path = MODELS, backend: str | None = None
-) -> None:
-    """The heavy model's repository entry: its committed config (backend overridden by `backend`), version 1 =
-    `model_file` with the model.onnx beside it when there is one; without batching, no dynamic_batching."""
-    dst = repo / HEAVY
-    (dst / "1").mkdir(parents=True)
-    shutil.copy2(model_file, dst / "1" / "model.pt")
-    onnx_file = model_file.with_name("model.onnx")
-    if onnx_file.is_file():
-        shutil.copy2(onnx_file, dst / "1" / "model.onnx")
-    committed = model_dir(HEAVY, models) / "config.yaml"
-    config: dict[str, Any] = yaml.safe_load(committed.read_text()) if committed.is_file() else {}
-    config.setdefault("name", HEAVY)
-    config.setdefault("max_batch_size", 128)
-    config.setdefault("inputs", [{"name": "features", "datatype": "FP32", "dims": [64]}])
-    config.setdefault("outputs", [{"name": "score", "datatype": "FP32", "dims": [1]}])
-    if batching:
-        # A long forward is far cheaper per row in one large batch: wait up to 8 ms for the rows just answered.
-        config["dynamic_batching"] = {
-            "max_queue_size": 4096,
-            **(config.get("dynamic_batching") or {}),
-            "max_queue_delay_us": HEAVY_DELAY_US,
-        }
-    else:
-        config.pop("dynamic_batching", None)
-    _write_config(dst, _serve_v1_only(_with_backend(config, backend)))
-
 
 # ----------------------------------------------------------------------------- in-process forward
-
-
-def _rows_per_second(fn: Callable[[], Any], rows: int, repeats: int = 7, min_window_s: float = 0.3) -> float:
-    """Median rows/s of `fn` over `repeats` windows, after at least a second (and 20 calls) of warmup."""
-    started = time.perf_counter()
-    calls = 0
-    while calls < 20 or time.perf_counter() - started < 1.0:
-        fn()
-        calls += 1
-    per_call = (time.perf_counter() - started) / calls
-    iters = max(1, int(min_window_s / per_call))
-    rates = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            fn()
-        rates.append(rows * iters / (time.perf_counter() - t0))
-    return statistics.median(rates)
 
 
 @dataclass
@@ -160,7 +65,7 @@ def _load_version(model: str, backend: str, version: int, models: Path, torch_th
     from services.model.config import ModelConfig
 
     folder = model_dir(model, models)
-    document = _with_backend(yaml.safe_load((folder / "config.yaml").read_text()), backend)
+    document = with_backend(yaml.safe_load((folder / "config.yaml").read_text()), backend)
     config = ModelConfig.model_validate({**document, "device": "cpu"})
     loaded = get_backend(backend).load(folder / str(version), config, version)
     inline = model != HEAVY
@@ -185,7 +90,7 @@ def measure_forward(models: Path = MODELS, compare_rows: int = 4096) -> Forward:
                 config, loaded = _load_version(model, backend, 1, models, threads)
                 for batch in ENGINE_BATCHES:
                     x = sample_rows(config, batch, seed=SEED)
-                    rates[(model, backend, batch)] = _rows_per_second(lambda m=loaded, x=x: m.forward(x), batch)
+                    rates[(model, backend, batch)] = rows_per_second(lambda m=loaded, x=x: m.forward(x), batch)
                 loaded.unload()
         int8: dict[str, float] = {}
         for backend, prefix in (("onnxruntime", ""), ("torchscript", "torchscript_")):
@@ -193,8 +98,8 @@ def measure_forward(models: Path = MODELS, compare_rows: int = 4096) -> Forward:
             _, quantized = _load_version(HEAVY, backend, 2, models, threads)
             x = sample_rows(config, FORWARD_BATCH, seed=SEED)
             rows = sample_rows(config, compare_rows, seed=SEED + 1)
-            int8[f"{prefix}fp32_rows_s"] = _rows_per_second(lambda m=fp32, x=x: m.forward(x), FORWARD_BATCH)
-            int8[f"{prefix}int8_rows_s"] = _rows_per_second(lambda m=quantized, x=x: m.forward(x), FORWARD_BATCH)
+            int8[f"{prefix}fp32_rows_s"] = rows_per_second(lambda m=fp32, x=x: m.forward(x), FORWARD_BATCH)
+            int8[f"{prefix}int8_rows_s"] = rows_per_second(lambda m=quantized, x=x: m.forward(x), FORWARD_BATCH)
             diff = np.abs(fp32.forward(rows)["score"] - quantized.forward(rows)["score"]).max()
             int8[f"{prefix}max_abs_diff"] = float(diff)
             fp32.unload()
@@ -204,126 +109,6 @@ def measure_forward(models: Path = MODELS, compare_rows: int = 4096) -> Forward:
 
 
 # ----------------------------------------------------------------------------- the run
-
-
-def model_service_argv() -> list[str]:
-    return [
-        str(ROOT / ".venv" / "bin" / "python") if (ROOT / ".venv").exists() else sys.executable,
-        "-m",
-        "services.model",
-    ]
-
-
-def floor_argv(port: int) -> list[str]:
-    return [model_service_argv()[0], "-m", "bench.floor_server", "--port", str(port)]
-
-
-def model_service_env(repo: Path, port: int) -> dict[str, str]:
-    return {
-        "MESHSERVE_MODEL_REPOSITORY": str(repo),
-        "MESHSERVE_MODEL_PORT": str(port),
-        "MESHSERVE_MODEL_METRICS_PORT": str(free_port()),
-        "OTEL_SDK_DISABLED": "true",
-    }
-
-
-class Bench:
-    """Collects perf_analyzer results and errors keyed by (target, model, concurrency)."""
-
-    def __init__(self, measurement_ms: int) -> None:
-        self.measurement_ms = measurement_ms
-        self.perf: dict[tuple[str, str, int], PerfResult] = {}
-        self.errors: list[str] = []
-
-    def measure(self, target: str, url: str, model: str, concurrency: int) -> None:
-        print(f"  {target:<13} {model:<10} c={concurrency:<3} ...", end="", flush=True)
-        try:
-            r = run_perf_analyzer(model, url, concurrency, measurement_ms=self.measurement_ms)
-        except PerfAnalyzerError as exc:
-            print(" FAILED", flush=True)
-            self.errors.append(f"{target} {model} c={concurrency}: {exc}")
-            return
-        self.perf[(target, model, concurrency)] = r
-        print(f" {r.throughput:8,.0f} infer/s  p50 {r.p50_ms:6.2f} ms  p99 {r.p99_ms:6.2f} ms", flush=True)
-
-    def finish(self, figures: list[dict[str, Any]], started: float) -> int:
-        """Record the run's figures, say how long it took, list what failed; the exit status (1 on errors)."""
-        results.record(figures)
-        print(f"\nrecorded {len(figures)} figures in {results.LATEST.relative_to(ROOT)}")
-        print(f"took {time.monotonic() - started:.0f} s")
-        if self.errors:
-            print("\nERRORS (some figures missing):")
-            for e in self.errors:
-                print(f"- {e}")
-            return 1
-        return 0
-
-    def get(self, target: str, model: str, concurrency: int) -> PerfResult | None:
-        return self.perf.get((target, model, concurrency))
-
-    def serve(
-        self,
-        target: str,
-        argv: list[str],
-        port: int,
-        loads: list[tuple[str, int]],
-        env: dict[str, str] | None = None,
-        health: bool = True,
-        shown: str = "",
-        on_ready: Callable[[str], None] | None = None,
-    ) -> None:
-        """Start a server, run perf_analyzer for each (model, concurrency) in `loads`, stop it."""
-        models = sorted({m for m, _ in loads})
-        print(f"\n[{target}] {shown or ' '.join(argv)}", flush=True)
-        try:
-            with running(target, argv, port, env, health=health, models=models) as server:
-                print(f"  ready after {server.ready_s:.1f} s", flush=True)
-                if on_ready is not None:
-                    on_ready(server.url)
-                for model, c in loads:
-                    self.measure(target, server.url, model, c)
-        except ServerStartError as exc:
-            self.errors.append(f"{target}: {exc}")
-            print(f"  could not start {target}:\n{exc}", flush=True)
-
-    def serve_model_service(self, target: str, repo: Path, loads: list[tuple[str, int]]) -> None:
-        """The model service (`python -m services.model`) on `repo`, ready once gRPC health says SERVING."""
-        port = free_port()
-        env = model_service_env(repo, port)
-        shown = f"MESHSERVE_MODEL_REPOSITORY={repo} python -m services.model"
-        models = sorted({m for m, _ in loads})
-        self.serve(
-            target, model_service_argv(), port, loads, env, health=True, shown=shown, on_ready=print_execution(models)
-        )
-
-    def serve_floor(self) -> None:
-        """The floor server, measured with fraud_mlp's load."""
-        port = free_port()
-        loads = [(FRAUD, c) for c in FRAUD_CONCURRENCY]
-        self.serve(FLOOR, floor_argv(port), port, loads, health=False, shown="python -m bench.floor_server")
-
-
-def print_execution(models: list[str]) -> Callable[[str], None]:
-    """Prints where each model's forwards run, as its ModelConfig reports it (inline or thread)."""
-
-    def show(url: str) -> None:
-        import grpc
-
-        from services.protos import inference_pb2 as pb
-        from services.protos import inference_pb2_grpc as pb_grpc
-
-        with grpc.insecure_channel(url) as channel:
-            stub = pb_grpc.GRPCInferenceServiceStub(channel)
-            for model in models:
-                config = stub.ModelConfig(pb.ModelConfigRequest(name=model), timeout=10).config
-                print(f"  {model}: execution {config.parameters['execution'].string_value}", flush=True)
-
-    return show
-
-
-def ratio(a: float | None, b: float | None) -> float | None:
-    """a / b, or None when either is missing (or b is 0)."""
-    return a / b if a is not None and b not in (None, 0) else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -391,11 +176,6 @@ def main(argv: list[str] | None = None) -> int:
         forward = measure_forward(models_dir)
 
     return bench.finish(report(bench, forward, command, models_dir), started)
-
-
-def default_backend(model: str, models: Path = MODELS) -> str:
-    """The backend `model`'s committed config serves it with."""
-    return str(yaml.safe_load((model_dir(model, models) / "config.yaml").read_text()).get("backend", "torchscript"))
 
 
 def report(bench: Bench, forward: Forward, command: str, models: Path = MODELS) -> list[dict[str, Any]]:
@@ -622,13 +402,6 @@ def report(bench: Bench, forward: Forward, command: str, models: Path = MODELS) 
             fig(name, value, "ratio" if "diff" not in name else "score", f"{versus}; target {sign} {threshold:g}")
     results.print_table(["target", "measured", "target", "result"], rows, title="targets")
     return figures
-
-
-def perf_cells(r: PerfResult | None) -> list[float | None]:
-    """Table cells for one measurement: infer/s, p50, p90, p99 (ms)."""
-    if r is None:
-        return [None, None, None, None]
-    return [r.throughput, r.p50_ms, r.p90_ms, r.p99_ms]
 
 
 if __name__ == "__main__":

@@ -21,37 +21,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from bench.model_service import (
-    FRAUD,
-    HEAVY,
-    copy_fraud,
-    floor_argv,
-    heavy_file,
-    model_service_argv,
-    model_service_env,
-    write_heavy,
-)
-from bench.perf_analyzer import PerfAnalyzerError, ensure_perf_analyzer, run_perf_analyzer
-from bench.serving import ServerProcess, free_port, running
-
-
-def write_variant(repo: Path, model: str, heavy_file: Path, config: dict[str, Any]) -> None:
-    """`model` alone in `repo` (one model per server, as bench.model_service serves them), with the variant's
-    config changes applied."""
-    if model == FRAUD:
-        copy_fraud(repo, batching=True)
-    else:
-        write_heavy(repo, batching=True, model_file=heavy_file)
-    path = repo / model / "config.yaml"
-    document = yaml.safe_load(path.read_text())
-    for key, value in config.items():
-        if key.startswith("dynamic_batching."):
-            document["dynamic_batching"][key.removeprefix("dynamic_batching.")] = value
-        else:
-            document[key] = value
-    path.write_text(yaml.safe_dump(document, sort_keys=False))
+from bench.lib.model_repo import FRAUD, HEAVY, heavy_file, write_variant
+from bench.lib.perf_analyzer import PerfAnalyzerError, ensure_perf_analyzer, run_perf_analyzer
+from bench.lib.serving import ServerProcess, floor_argv, free_port, model_service_argv, model_service_env, running
 
 
 @contextlib.contextmanager

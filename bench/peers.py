@@ -15,11 +15,13 @@ from typing import Any
 
 import yaml
 
-from bench import results
-from bench.model_service import FLOOR, FRAUD, FRAUD_CONCURRENCY, MODELS, ON, Bench, copy_fraud, perf_cells, ratio
+from bench.lib import results
+from bench.lib.model_repo import FRAUD, MODELS, copy_fraud
+from bench.lib.perf_analyzer import PerfResult, ensure_perf_analyzer
+from bench.lib.perf_runs import FLOOR, FRAUD_CONCURRENCY, ON, Bench, perf_cells
+from bench.lib.results import ratio
+from bench.lib.serving import ROOT, free_port
 from bench.peer_grpc import CONFIG_FILE_ENV
-from bench.perf_analyzer import PerfResult, ensure_perf_analyzer
-from bench.serving import ROOT, free_port
 from services.protos import inference_pb2 as pb
 from services.protos import model_config_pb2 as mc
 

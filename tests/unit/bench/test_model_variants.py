@@ -1,4 +1,4 @@
-"""bench.model_variants writes each variant's repository: the one model measured, its config changes applied."""
+"""bench.lib.model_repo.write_variant: the one model measured alone in its repository, its config changes applied."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import yaml
 
-from bench.model_variants import write_variant
+from bench.lib.model_repo import write_variant
 from services.model.config import load_model_config
 
 

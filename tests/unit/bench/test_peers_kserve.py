@@ -11,8 +11,9 @@ from pathlib import Path
 import grpc
 import pytest
 
-from bench import model_service, peer_grpc, peers
-from bench.perf_analyzer import PerfAnalyzerError, PerfResult
+from bench import peer_grpc, peers
+from bench.lib import perf_runs
+from bench.lib.perf_analyzer import PerfAnalyzerError, PerfResult
 from services.protos import inference_pb2 as pb
 from services.protos import model_config_pb2 as mc
 
@@ -149,7 +150,7 @@ def test_a_cell_perf_analyzer_could_not_stabilise_is_measured_once_more(monkeypa
             raise outcome
         return outcome
 
-    monkeypatch.setattr(model_service, "run_perf_analyzer", fake_run)
+    monkeypatch.setattr(perf_runs, "run_perf_analyzer", fake_run)
     bench = peers.PeersBench(3000)
     bench.measure(peers.KSERVE, "127.0.0.1:1", "fraud_mlp", 8)
     assert calls == [8, 8]
@@ -164,7 +165,7 @@ def test_any_other_perf_analyzer_failure_is_an_error_at_once(monkeypatch: pytest
         calls.append(concurrency)
         raise PerfAnalyzerError("connection refused")
 
-    monkeypatch.setattr(model_service, "run_perf_analyzer", fake_run)
+    monkeypatch.setattr(perf_runs, "run_perf_analyzer", fake_run)
     bench = peers.PeersBench(3000)
     bench.measure(peers.KSERVE, "127.0.0.1:1", "fraud_mlp", 1)
     assert calls == [1]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench.perf_analyzer import display_command, perf_analyzer_command
+from bench.lib.perf_analyzer import display_command, perf_analyzer_command
 
 
 def test_inputs_are_zeros_unless_input_data_is_given() -> None:

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from bench import pipeline_peers as pp
-from bench.pipeline import Run, transaction_values
+from bench.lib.fraud_load import Run, transaction_values
 from services.feature.featureset import load_feature_sets
 from services.protos import inference_pb2 as pb
 

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from bench import stack
-from bench.perf_analyzer import PerfResult
+from bench.lib.local_stack import up_command
+from bench.lib.perf_analyzer import PerfResult
 from services.traces.analysis import assemble
 from services.traces.records import KIND_CLIENT, KIND_INTERNAL, KIND_SERVER, SpanRecord
 
@@ -99,7 +100,7 @@ def test_table_rows_put_stack_and_floor_side_by_side() -> None:
 
 
 def test_up_command_is_meshserve_up_headless_on_free_ports(tmp_path: Path) -> None:
-    argv = stack.up_command(tmp_path, ["--no-traces"])
+    argv = up_command(tmp_path, ["--no-traces"])
     assert argv[1:5] == ["-m", "services.cli.main", "up", "--port-base"]
     assert argv[5] == "0" and argv[argv.index("--log-dir") + 1] == str(tmp_path)
     assert "--demo" not in argv and argv[-1] == "--no-traces"

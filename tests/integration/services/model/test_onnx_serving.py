@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import yaml
 
-from bench.perf_analyzer import _has_libb64, installed_cudart_lib, run_perf_analyzer
+from bench.lib.perf_analyzer import has_libb64, installed_cudart_lib, run_perf_analyzer
 from services.common.tensor_codec import decode_tensor, encode_raw
 from services.model.backends.gpu import why_no_gpu
 from services.protos import inference_pb2 as pb
@@ -145,7 +145,7 @@ def test_demo_models_from_onnx_answer_as_torchscript_through_tritonclient_and_pe
         for model, found in json.loads(done.stdout).items():
             assert found["platforms"] == ["onnxruntime_onnx", "pytorch_libtorch"], model
             assert found["diff"] <= 1e-5, f"{model}: ONNX Runtime and TorchScript differ by {found['diff']}"
-        if _has_libb64() and installed_cudart_lib() is not None:
+        if has_libb64() and installed_cudart_lib() is not None:
             for model in DEMO:
                 result = run_perf_analyzer(model, onnx_service.address, concurrency=2, measurement_ms=800)
                 assert result.throughput > 0 and result.has_server_stats, model

@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
+RESULTS_DIR = Path(__file__).resolve().parents[1] / "results"
 LATEST = RESULTS_DIR / "latest.json"
 
 
@@ -96,3 +96,8 @@ def print_table(headers: Sequence[str], rows: Iterable[Sequence[Any]], title: st
     if title:
         print(f"\n{title}")
     print(format_table(headers, rows), flush=True)
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    """a / b, or None when either is missing (or b is 0)."""
+    return a / b if a is not None and b else None

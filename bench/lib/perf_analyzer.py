@@ -8,13 +8,12 @@ import os
 import shlex
 import shutil
 import subprocess
-import sys
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 # perf_analyzer's own virtualenv (`make setup`, from tools/perf-requirements.txt): tritonclient 2.49 carries the
 # binary, and its pins (protobuf<5, numpy<2) must stay out of the services' `.venv`.
 PERF_VENV = ROOT / ".venv-perf"
@@ -23,12 +22,6 @@ PERF_REQUIREMENTS = ROOT / "tools" / "perf-requirements.txt"
 
 class PerfAnalyzerError(RuntimeError):
     """perf_analyzer could not be set up, failed, or left no usable report; the message has its output."""
-
-
-def venv_python() -> str:
-    """The project's virtualenv interpreter (falls back to the running one)."""
-    candidate = ROOT / ".venv" / "bin" / "python"
-    return str(candidate) if candidate.exists() else sys.executable
 
 
 def perf_analyzer_path() -> str:
@@ -52,12 +45,13 @@ def _text(data: str | bytes | None) -> str:
     return data.decode(errors="replace") if isinstance(data, bytes) else data
 
 
-def _has_libb64() -> bool:
+def has_libb64() -> bool:
+    """Whether the system has libb64.so, which the perf_analyzer binary links against."""
     return "libb64.so" in _run(["ldconfig", "-p"]).stdout
 
 
 def _ensure_libb64() -> None:
-    if _has_libb64():
+    if has_libb64():
         return
     apt = ["apt-get", "install", "-y", "libb64-0d"]
     if os.geteuid() != 0 and shutil.which("sudo"):
@@ -68,7 +62,7 @@ def _ensure_libb64() -> None:
         update = ["apt-get", "update"] if apt[0] != "sudo" else ["sudo", "apt-get", "update"]
         _run(update, env=env)
         result = _run(apt, env=env)
-    if result.returncode != 0 or not _has_libb64():
+    if result.returncode != 0 or not has_libb64():
         raise PerfAnalyzerError(
             f"perf_analyzer needs libb64.so.0d; `{' '.join(apt)}` failed:\n{result.stdout}\n{result.stderr}"
         )

@@ -7,6 +7,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -17,7 +18,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from services.protos import inference_pb2 as pb
 from services.protos import inference_pb2_grpc as pb_grpc
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class ServerStartError(RuntimeError):
@@ -29,6 +30,32 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def venv_python() -> str:
+    """The project's virtualenv interpreter (the running one where there is no `.venv`)."""
+    candidate = ROOT / ".venv" / "bin" / "python"
+    return str(candidate) if candidate.exists() else sys.executable
+
+
+def model_service_argv() -> list[str]:
+    """`python -m services.model` with the project's interpreter."""
+    return [venv_python(), "-m", "services.model"]
+
+
+def model_service_env(repo: Path, port: int) -> dict[str, str]:
+    """The model service's environment: the repository at `repo` on `port`, a free metrics port, tracing off."""
+    return {
+        "MESHSERVE_MODEL_REPOSITORY": str(repo),
+        "MESHSERVE_MODEL_PORT": str(port),
+        "MESHSERVE_MODEL_METRICS_PORT": str(free_port()),
+        "OTEL_SDK_DISABLED": "true",
+    }
+
+
+def floor_argv(port: int) -> list[str]:
+    """The floor server (bench.lib.floor_server) on `port`."""
+    return [venv_python(), "-m", "bench.lib.floor_server", "--port", str(port)]
 
 
 def _tail(path: Path, lines: int = 40) -> str:
