@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.chaos_phases import Figures, PhaseResult
+from bench.chaos.phases import Figures, PhaseResult
 from bench.lib import results
 
 PREFIX = "chaos"

@@ -1,5 +1,5 @@
 """Open-loop load for the chaos run: distinct fraud transactions sent on a fixed schedule over one grpc.aio channel,
-whatever the answers, each with a deadline, each answer classified (bench.chaos_outcomes) as it comes back.
+whatever the answers, each with a deadline, each answer classified (bench.chaos.outcomes) as it comes back.
 
 It shares the machine's cores with the stack it measures, so it stays lean: requests are serialized templates with
 the transaction's ids patched in as bytes, the call is a raw-bytes unary call, and one response parse reads the
@@ -14,8 +14,8 @@ from collections.abc import Sequence
 
 import grpc
 
-from bench.chaos_outcomes import LOST, Outcome, answered, errored, has_pushback
-from bench.chaos_phases import Sample
+from bench.chaos.outcomes import LOST, Outcome, answered, errored, has_pushback
+from bench.chaos.phases import Sample
 from bench.lib.fraud_load import MODEL_INFER, transaction
 from services.cli.traffic import FIELDS
 from services.protos import inference_pb2 as pb

@@ -31,10 +31,10 @@ from typing import Any
 import grpc
 import yaml
 
-from bench import chaos_faults as faults
-from bench import chaos_report as report
-from bench.chaos_load import TEMPLATES, OpenLoop, request_templates
-from bench.chaos_phases import (
+from bench.chaos import faults as faults
+from bench.chaos import report as report
+from bench.chaos.load import TEMPLATES, OpenLoop, request_templates
+from bench.chaos.phases import (
     FAULT,
     OVERLOAD,
     P99_BOUND_FACTOR,

@@ -1,4 +1,4 @@
-"""bench.chaos_faults: finding the process to hit in stack.json (or Valkey under the supervisor), and hot-loading a
+"""bench.chaos.faults: finding the process to hit in stack.json (or Valkey under the supervisor), and hot-loading a
 version by copying it beside the model's others."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import chaos_faults as faults
+from bench.chaos import faults as faults
 
 
 def write_state(log_dir: Path, names: dict[str, int]) -> None:

@@ -1,4 +1,4 @@
-"""bench.chaos_load: distinct requests patched from templates, answers read, and the open-loop schedule against an
+"""bench.chaos.load: distinct requests patched from templates, answers read, and the open-loop schedule against an
 in-process grpc.aio server that answers whole, degraded, refused, failed or not at all."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import time
 import grpc
 import pytest
 
-from bench.chaos_load import OpenLoop, read_answer, request_bytes, request_templates
-from bench.chaos_outcomes import DEGRADED, FAILED, LOST, REFUSED, WHOLE, Outcome
+from bench.chaos.load import OpenLoop, read_answer, request_bytes, request_templates
+from bench.chaos.outcomes import DEGRADED, FAILED, LOST, REFUSED, WHOLE, Outcome
 from services.cli.traffic import FIELDS
 from services.protos import inference_pb2 as pb
 

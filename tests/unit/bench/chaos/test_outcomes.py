@@ -1,10 +1,10 @@
-"""bench.chaos_outcomes: every answer is whole, degraded by its cause, refused (with a pushback), failed or lost."""
+"""bench.chaos.outcomes: every answer is whole, degraded by its cause, refused (with a pushback), failed or lost."""
 
 from __future__ import annotations
 
 import pytest
 
-from bench.chaos_outcomes import DEGRADED, FAILED, LOST, REFUSED, WHOLE, Outcome, answered, errored, has_pushback
+from bench.chaos.outcomes import DEGRADED, FAILED, LOST, REFUSED, WHOLE, Outcome, answered, errored, has_pushback
 
 
 def test_an_ok_answer_is_whole_unless_it_names_a_degradation() -> None:

@@ -1,13 +1,13 @@
-"""bench.chaos_report: the phase table, the Markdown and JSON files and the latest.json figures of a chaos run."""
+"""bench.chaos.report: the phase table, the Markdown and JSON files and the latest.json figures of a chaos run."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from bench import chaos_report as report
-from bench.chaos_outcomes import DEGRADED, REFUSED, WHOLE
-from bench.chaos_phases import FAULT, Figures, Phase, Sample, assess_all
+from bench.chaos import report as report
+from bench.chaos.outcomes import DEGRADED, REFUSED, WHOLE
+from bench.chaos.phases import FAULT, Figures, Phase, Sample, assess_all
 
 
 def steady(start: float, end: float, rate: float, kind: str = WHOLE, reason: str = "") -> list[Sample]:

@@ -1,12 +1,12 @@
-"""bench.chaos_phases: a phase's counts and percentiles, the recovery time after its fault, the issue's targets per
+"""bench.chaos.phases: a phase's counts and percentiles, the recovery time after its fault, the issue's targets per
 phase, and capacity from the ramp's steps."""
 
 from __future__ import annotations
 
 import pytest
 
-from bench.chaos_outcomes import DEGRADED, FAILED, LOST, REFUSED, WHOLE
-from bench.chaos_phases import (
+from bench.chaos.outcomes import DEGRADED, FAILED, LOST, REFUSED, WHOLE
+from bench.chaos.phases import (
     FAULT,
     OVERLOAD,
     QUIET,

@@ -9,7 +9,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from bench.chaos_outcomes import DEGRADED, FAILED, LOST, OK_KINDS, REFUSED, WHOLE
+from bench.chaos.outcomes import DEGRADED, FAILED, LOST, OK_KINDS, REFUSED, WHOLE
 
 QUIET, FAULT, OVERLOAD = "quiet", "fault", "overload"
 
@@ -41,7 +41,7 @@ P99_FLOOR_S = 0.25
 @dataclass(frozen=True, slots=True)
 class Sample:
     """One request of the run: when it was sent (s since the run's start), how long its answer took (to the
-    deadline for a lost one), its kind and reason (bench.chaos_outcomes), the model version that answered, and how
+    deadline for a lost one), its kind and reason (bench.chaos.outcomes), the model version that answered, and how
     far behind its schedule the generator sent it."""
 
     sent_s: float

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bench import chaos
+from bench.chaos import run as chaos
 
 
 def test_topology_pins_the_canary_to_the_versions_a_hot_load_adds(tmp_path: Path) -> None:
