@@ -160,7 +160,7 @@ class ErrorAndMetricsInterceptor(grpc.aio.ServerInterceptor):
     histograms carry the trace id as an exemplar. Health and reflection are counted but never traced; a caller
     whose traceparent says "not sampled" gets no span and no context extraction (nothing would be exported).
     Each method's wrapper is built once and reused on every call. With a Recorder as the tracer provider, every RPC
-    but health and reflection is recorded (services/common/recording.py), sampled or not, at a fraction of an SDK
+    but health and reflection is recorded (services/common/recording/), sampled or not, at a fraction of an SDK
     span's cost: the caller's traceparent is parsed here, and its `x-meshserve-parent` kept for the collector.
     """
 

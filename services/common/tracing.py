@@ -19,12 +19,17 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from prometheus_client import REGISTRY
 
-from services.common.recording import ParentPropagator, RecordedSpan, Recorder, current_span
-from services.common.recording_admin import AdminServer
-from services.common.recording_collect import Collector
-from services.common.recording_metrics import RecordingMetrics
-from services.common.recording_otlp import OtlpExporter
-from services.common.recording_settings import RecordingSettings
+from services.common.recording import (
+    AdminServer,
+    Collector,
+    OtlpExporter,
+    ParentPropagator,
+    RecordedSpan,
+    Recorder,
+    RecordingMetrics,
+    RecordingSettings,
+    current_span,
+)
 
 log = logging.getLogger(__name__)
 

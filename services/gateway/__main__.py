@@ -6,7 +6,7 @@ import asyncio
 import logging
 
 from services.common.logs import setup_logging
-from services.common.recording_settings import RecordingSettings
+from services.common.recording import RecordingSettings
 from services.common.server import GrpcService
 from services.gateway.handler import GatewayHandler
 from services.gateway.servicer import SERVICE_NAME, GatewayServicer

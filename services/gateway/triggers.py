@@ -11,8 +11,7 @@ from collections.abc import Mapping
 
 from opentelemetry.trace import StatusCode
 
-from services.common.recording import DEGRADED, PIPELINE, RecordedSpan
-from services.common.recording_settings import RecordingSettings
+from services.common.recording import DEGRADED, PIPELINE, RecordedSpan, RecordingSettings
 from services.gateway.pipeline import PipelineSpec
 
 WINDOW = 2000  # recent successful requests the rolling percentile is read from

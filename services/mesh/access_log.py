@@ -1,6 +1,6 @@
 """Envoy's OpenTelemetry access log of every request (start, durations, status, the trace context it came with),
 sent to the OTLP collector's LogsService, so that retroactive tracing can rebuild Envoy's spans of a kept request
-that Envoy did not sample (services/common/recording_access.py reads the records)."""
+that Envoy did not sample (services/traces/access_spans.py reads the records)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ LOG_NAME = "meshserve.access"
 # (about 0.3 s after the gateway's answer) asks for them.
 FLUSH_INTERVAL = "0.1s"
 
-# The attribute keys of a record (services/common/recording_access.py parses them) and Envoy's command operators.
+# The attribute keys of a record (services/traces/access_spans.py parses them) and Envoy's command operators.
 ATTRIBUTES = {
     "listener": None,  # the listener's name, set per listener
     "trace_id": "%TRACE_ID%",

@@ -2,7 +2,7 @@
 
 A batch serves several requests (each with its own trace), so every request gets its own
 `model.queue_wait` and `model.forward` spans under its RPC's span, with the batch's size as an attribute.
-Nothing is captured when tracing is off. Under always-on recording (services/common/recording.py) every request's
+Nothing is captured when tracing is off. Under always-on recording (services/common/recording/) every request's
 spans are recorded, and a wait longer than MESHSERVE_TRACING_QUEUE_WAIT_MS keeps its trace (trigger `queue_wait`).
 """
 
@@ -15,8 +15,7 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import TracerProvider
 
-from services.common.recording import TRIGGER, RecordedSpan, Recorder
-from services.common.recording_settings import RecordingSettings
+from services.common.recording import TRIGGER, RecordedSpan, Recorder, RecordingSettings
 
 QUEUE_WAIT = "queue_wait"
 _tracer: trace.Tracer | None = None

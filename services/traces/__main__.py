@@ -13,10 +13,10 @@ from opentelemetry.proto.collector.logs.v1 import logs_service_pb2_grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 
 from services.common.logs import setup_logging
-from services.common.recording_access import AccessLogBuffer
 from services.common.server import GrpcService
 from services.traces.access_logs import SERVICE_NAME as LOGS_SERVICE_NAME
 from services.traces.access_logs import AccessLogAdmin, AccessLogServicer
+from services.traces.access_spans import AccessLogBuffer
 from services.traces.servicer import SERVICE_NAME, TracesServicer
 from services.traces.settings import TracesSettings
 from services.traces.web import TraceUI

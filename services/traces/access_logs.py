@@ -1,6 +1,6 @@
 """Envoy's access log records for retroactive tracing: the OTLP/gRPC LogsService servicer that keeps them in an
 AccessLogBuffer, and the admin endpoint (`POST /recording/collect`, as every recording process has) from which a
-kept trace's collector takes Envoy's hops, rebuilt as spans (services/common/recording_access.py)."""
+kept trace's collector takes Envoy's hops, rebuilt as spans (access_spans.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from typing import Any
 import grpc
 from opentelemetry.proto.collector.logs.v1 import logs_service_pb2, logs_service_pb2_grpc
 
-from services.common.recording_access import AccessLogBuffer, parse_record, record_spans
-from services.common.recording_admin import MAX_IDS, JsonAdmin, trace_id_of
+from services.common.recording import MAX_IDS, JsonAdmin, trace_id_of
+from services.traces.access_spans import AccessLogBuffer, parse_record, record_spans
 
 SERVICE_NAME = logs_service_pb2.DESCRIPTOR.services_by_name["LogsService"].full_name
 

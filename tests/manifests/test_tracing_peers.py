@@ -4,7 +4,7 @@ and every Deployment's pods are some peer's."""
 
 from __future__ import annotations
 
-from services.common.recording_settings import RecordingSettings
+from services.common.recording import RecordingSettings
 from tests.manifests.support import Doc, containers, find, one
 
 SERVICES = {"gateway", "model", "feature", "cache"}

@@ -10,8 +10,7 @@ import pytest
 import yaml
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from services.common.recording import DEGRADED, PIPELINE, RecordedSpan, Recorder
-from services.common.recording_settings import RecordingSettings
+from services.common.recording import DEGRADED, PIPELINE, RecordedSpan, Recorder, RecordingSettings
 from services.gateway.pipeline import PipelineError, load_pipeline
 from services.gateway.triggers import MIN_SAMPLES, RECOMPUTE_EVERY, EdgeTriggers, LatencyBound
 

@@ -8,8 +8,8 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector as PrometheusCollector
 
-from services.common.recording import Recorder
-from services.common.recording_collect import Collector
+from services.common.recording.collect import Collector
+from services.common.recording.provider import Recorder
 
 
 class RecordingMetrics(PrometheusCollector):

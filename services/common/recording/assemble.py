@@ -7,7 +7,7 @@ Envoy and outside callers record nothing unless they sample. A kept trace that w
 span of theirs: a callee's server span names a parent (Envoy's) that nobody recorded. The callee also recorded the
 span id its caller sent in `x-meshserve-parent` (`via`), and the collector hangs it there, keeping the unrecorded
 parent's id in `meshserve.unrecorded_parent`. When Envoy's access log records were collected too
-(services/common/recording_access.py), Envoy's hops are rebuilt from them with the ids the callees saw.
+(services/traces/access_spans.py), Envoy's hops are rebuilt from them with the ids the callees saw.
 """
 
 from __future__ import annotations
@@ -21,15 +21,15 @@ from typing import Any
 from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.trace.v1 import trace_pb2
 
-from services.common.recording import (
+from services.common.recording.otlp import IS_REMOTE, VIA, any_value
+from services.common.recording.spans import (
+    ACCESS_LOG,
     LINKED,
     PARTIAL,
     PARTIAL_PROCESSES,
     TRIGGER,
     UNRECORDED_PARENT,
 )
-from services.common.recording_access import ACCESS_LOG
-from services.common.recording_otlp import IS_REMOTE, VIA, any_value
 
 SERVER = trace_pb2.Span.SPAN_KIND_SERVER
 CLIENT = trace_pb2.Span.SPAN_KIND_CLIENT

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from services.common.recording_collect import Collector
-from services.common.recording_metrics import RecordingMetrics
-from services.common.recording_settings import RecordingSettings
-from tests.unit.common.test_recording_collect import Exported, recorder
+from services.common.recording.collect import Collector
+from services.common.recording.metrics import RecordingMetrics
+from services.common.recording.settings import RecordingSettings
+from tests.helpers.recording import Exported
+from tests.unit.common.recording.recorders import recorder
 
 
 def scrape(metrics: RecordingMetrics) -> dict[str, float]:

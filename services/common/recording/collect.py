@@ -1,6 +1,6 @@
 """Retroactive collection: a short while after a trace is kept here, its spans are gathered from this process's
 buffer and from every peer's (one request per peer for all the traces then due, plus the traces whose batched calls
-they waited on), made whole or marked partial (recording_assemble) and exported as one OTLP request. Triggers seen
+they waited on), made whole or marked partial (assemble.py) and exported as one OTLP request. Triggers seen
 by a process that is not the edge go to the peers (the edge among them keeps the trace). Head-sampled spans are
 exported on a timer."""
 
@@ -18,10 +18,11 @@ from typing import Any
 
 from opentelemetry.proto.trace.v1 import trace_pb2
 
-from services.common.recording import LINKED, Kept, Recorder
-from services.common.recording_assemble import Part, assemble
-from services.common.recording_otlp import OtlpExporter, resource_spans
-from services.common.recording_settings import RecordingSettings
+from services.common.recording.assemble import Part, assemble
+from services.common.recording.otlp import OtlpExporter, resource_spans
+from services.common.recording.provider import Kept, Recorder
+from services.common.recording.settings import RecordingSettings
+from services.common.recording.spans import LINKED
 
 log = logging.getLogger(__name__)
 RESOLVE_EVERY_S = 5.0

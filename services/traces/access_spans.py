@@ -23,9 +23,8 @@ from opentelemetry.proto.logs.v1 import logs_pb2
 from opentelemetry.proto.resource.v1 import resource_pb2
 from opentelemetry.proto.trace.v1 import trace_pb2
 
-from services.common.recording import parse_traceparent
+from services.common.recording import ACCESS_LOG, parse_traceparent
 
-ACCESS_LOG = "meshserve.access_log"  # on a span rebuilt from an access log record: its listener
 INGRESS = "ingress"
 SERVER = trace_pb2.Span.SPAN_KIND_SERVER
 CLIENT = trace_pb2.Span.SPAN_KIND_CLIENT

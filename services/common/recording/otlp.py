@@ -17,7 +17,7 @@ from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.resource.v1 import resource_pb2
 from opentelemetry.proto.trace.v1 import trace_pb2
 
-from services.common.recording import RecordedSpan
+from services.common.recording.spans import RecordedSpan
 
 log = logging.getLogger(__name__)
 _HAS_IS_REMOTE = 0x100  # OTLP span flags: bit 8 says bit 9 (the parent is remote) is known

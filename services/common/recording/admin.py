@@ -25,8 +25,8 @@ from typing import Any, TypeVar
 
 from prometheus_client.exposition import MetricsHandler
 
-from services.common.recording import Recorder
-from services.common.recording_otlp import resource_spans
+from services.common.recording.otlp import resource_spans
+from services.common.recording.provider import Recorder
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
