@@ -1,4 +1,4 @@
-"""bench.pipeline_peers without Ray or a server: Ray Serve's virtualenv and launch, the answer check's comparison and
+"""bench.peers.pipeline without Ray or a server: Ray Serve's virtualenv and launch, the answer check's comparison and
 history, and the side-by-side table with issue 14's targets against Ray Serve."""
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench import pipeline_peers as pp
 from bench.lib.fraud_load import Run, transaction_values
+from bench.peers import pipeline as pp
 from services.feature.featureset import load_feature_sets
 from services.protos import inference_pb2 as pb
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 
 
 def pins(lines: list[str]) -> dict[str, str]:
@@ -104,7 +104,7 @@ def test_ray_peer_launch_serves_version_1_on_the_given_ports_with_the_repository
     launch = pp.ray_launch(Path("/venv/bin/python"), 1234, 5678, "redis://127.0.0.1:9", tmp_path, 0.0)
 
     argv = launch.argv
-    assert argv[:3] == ["/venv/bin/python", "-m", "bench.ray_peer"]
+    assert argv[:3] == ["/venv/bin/python", "-m", "bench.peers.ray_peer"]
     flag = {argv[i]: argv[i + 1] for i in range(3, len(argv), 2)}
     assert flag["--grpc-port"] == "1234" and flag["--http-port"] == "5678"
     assert flag["--redis-url"] == "redis://127.0.0.1:9" and flag["--temp-dir"] == str(tmp_path)
@@ -211,7 +211,7 @@ def test_report_records_each_cell_the_ratios_and_the_targets(capsys) -> None:
         (pp.RAY, 1): run(100, 2.0, 10.0),
     }
 
-    figures = {f["name"]: f for f in pp.report(results, [1, 32], "python -m bench.pipeline_peers", 2.0)}
+    figures = {f["name"]: f for f in pp.report(results, [1, 32], "python -m bench.peers.pipeline", 2.0)}
 
     assert figures["pipeline_peers.meshserve.c32.throughput"]["value"] == 500.0
     assert pp.RAY in figures["pipeline_peers.meshserve.c32.throughput"]["compared_with"]
@@ -221,6 +221,6 @@ def test_report_records_each_cell_the_ratios_and_the_targets(capsys) -> None:
     assert "pipeline_peers.meshserve.c1.throughput" not in figures
     assert figures["pipeline_peers.target.c32_throughput_vs_ray"]["value"] == 2.5
     assert figures["pipeline_peers.target.c32_p99_vs_ray"]["value"] == 0.25
-    assert all(f["command"] == "python -m bench.pipeline_peers" for f in figures.values())
+    assert all(f["command"] == "python -m bench.peers.pipeline" for f in figures.values())
     out = capsys.readouterr().out
     assert "PASS" in out and "mesh/ray" in out

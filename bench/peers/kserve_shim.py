@@ -1,14 +1,14 @@
 """Runs inside KServe's own virtualenv: a TorchScript file as a `kserve.Model` behind KServe's own ModelServer.
 
 KServe's gRPC server (Open Inference Protocol v2) has no `ModelConfig` RPC, which perf_analyzer needs before it
-sends a request. The launcher adds bench.peer_grpc's interceptor to the grpc.aio server that
+sends a request. The launcher adds bench.peers.config_interceptor's interceptor to the grpc.aio server that
 kserve.protocol.grpc.server builds (it answers that call with the pre-serialised bytes at
 $BENCH_MODEL_CONFIG_FILE), keeps that server on loopback, and starts `kserve.ModelServer` as KServe's own model
 servers do: every flag but --model_settings is KServe's (--grpc_port, --http_port, --enable_latency_logging, ...),
 read by kserve.model_server's parser. Nothing here imports meshserve's protos: they would clash with KServe's own
 `inference` package in the protobuf registry.
 
-    python -m bench.kserve_shim --model_settings FILE --model_name NAME --grpc_port P --http_port H [KServe flags]
+    python -m bench.peers.kserve_shim --model_settings FILE --model_name NAME --grpc_port P --http_port H [KServe flags]
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from kserve import InferOutput, InferRequest, InferResponse, Model, ModelServer,
 from kserve.protocol.grpc import server as kserve_grpc
 from kserve.protocol.rest import server as kserve_rest
 
-from bench.peer_grpc import config_bytes_from_env, wrap_aio_server
+from bench.peers.config_interceptor import config_bytes_from_env, wrap_aio_server
 
 LOOPBACK = "127.0.0.1"
 
@@ -77,8 +77,8 @@ def _rest_on_loopback() -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.kserve_shim", parents=[model_server.parser])
-    parser.add_argument("--model_settings", type=Path, required=True, help="JSON written by bench/peers.py")
+    parser = argparse.ArgumentParser(prog="python -m bench.peers.kserve_shim", parents=[model_server.parser])
+    parser.add_argument("--model_settings", type=Path, required=True, help="JSON written by bench/peers/servers.py")
     args, _ = parser.parse_known_args()
     settings = json.loads(args.model_settings.read_text())
     wrap_aio_server(kserve_grpc, config_bytes_from_env(), host=LOOPBACK)

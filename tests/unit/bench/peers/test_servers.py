@@ -11,13 +11,14 @@ from pathlib import Path
 import grpc
 import pytest
 
-from bench import peer_grpc, peers
 from bench.lib import perf_runs
 from bench.lib.perf_analyzer import PerfAnalyzerError, PerfResult
+from bench.peers import config_interceptor as peer_grpc
+from bench.peers import servers as peers
 from services.protos import inference_pb2 as pb
 from services.protos import model_config_pb2 as mc
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 
 
 @pytest.fixture()

@@ -3,7 +3,7 @@
 MLServer and KServe both build their server with `aio.server(...)` after `from grpc import aio`;
 `wrap_aio_server(module, ...)` swaps that module's `aio` for one whose `server` puts `ModelConfigInterceptor`
 first. The interceptor answers `ModelConfig` with pre-serialised bytes (a Triton ModelConfigResponse written by
-bench/peers.py, whose path is in $BENCH_MODEL_CONFIG_FILE) and `ModelStatistics` with an empty message, and
+bench/peers/servers.py, whose path is in $BENCH_MODEL_CONFIG_FILE) and `ModelStatistics` with an empty message, and
 passes every other call on. It uses grpc alone: the shims run in the peers' virtualenvs, where meshserve's
 protos would clash with the peer's own `inference` package in the protobuf registry.
 """

@@ -1,7 +1,7 @@
 """`make bench-peers`: the fraud pipeline on meshserve beside the same three stages on Ray Serve 2.60, one run.
 
 One Valkey; meshserve's model, feature and cache services and its gateway (as bench.pipeline starts them, the
-model service pinned to fraud_mlp version 1); and bench.ray_peer in Ray Serve's own virtualenv
+model service pinned to fraud_mlp version 1); and bench.peers.ray_peer in Ray Serve's own virtualenv
 (.bench-tools/ray-venv, made on first use from tools/ray-requirements.txt): the same FeatureHandler against the
 same Valkey, the same TorchScript file, `@serve.batch` on the feature and model deployments, gRPC ingress.
 Both first answer the same transactions (scores must agree within 1e-5, or the run stops), then take the
@@ -36,14 +36,14 @@ from services.feature.handler import FeatureHandler
 from services.feature.settings import FeatureSettings
 from services.protos import inference_pb2 as pb
 
-COMMAND = "python -m bench.pipeline_peers"
+COMMAND = "python -m bench.peers.pipeline"
 PREFIX = "pipeline_peers"
 MESHSERVE = "meshserve"
 RAY = "ray serve 2.60.0"
 RAY_VERSION = "2.60.0"
 RAY_VENV = ROOT / ".bench-tools" / "ray-venv"
 RAY_REQUIREMENTS = ROOT / "tools" / "ray-requirements.txt"
-# What bench.ray_peer imports: Ray at its pin, and what the repository's FeatureHandler needs.
+# What bench.peers.ray_peer imports: Ray at its pin, and what the repository's FeatureHandler needs.
 RAY_CHECK = (
     f"import sys, ray, torch, redis, grpc_health, pydantic_settings; sys.exit(ray.__version__ != {RAY_VERSION!r})"
 )
@@ -105,7 +105,7 @@ def ensure_ray_venv(venv: Path = RAY_VENV, requirements: Path = RAY_REQUIREMENTS
 
 @dataclass
 class RayLaunch:
-    """How to start bench.ray_peer: its command line and the environment it adds."""
+    """How to start bench.peers.ray_peer: its command line and the environment it adds."""
 
     argv: list[str]
     env: dict[str, str]
@@ -117,7 +117,7 @@ def ray_launch(
     argv = [
         str(python),
         "-m",
-        "bench.ray_peer",
+        "bench.peers.ray_peer",
         "--grpc-port",
         str(grpc_port),
         "--http-port",

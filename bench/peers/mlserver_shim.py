@@ -1,12 +1,12 @@
 """Runs inside MLServer's own virtualenv: a TorchScript runtime and a launcher that answers ModelConfig.
 
 MLServer has no `ModelConfig` RPC, which perf_analyzer needs before it sends a request. The launcher
-adds bench.peer_grpc's interceptor to the server mlserver.grpc.server builds (it answers that one call with
-the pre-serialised bytes at $BENCH_MODEL_CONFIG_FILE) and then starts MLServer exactly as `mlserver start
-FOLDER` does. Nothing here imports meshserve's protos: they would clash with MLServer's own `inference`
+adds bench.peers.config_interceptor's interceptor to the server mlserver.grpc.server builds (it answers that
+one call with the pre-serialised bytes at $BENCH_MODEL_CONFIG_FILE) and then starts MLServer exactly as
+`mlserver start FOLDER` does. Nothing here imports meshserve's protos: they would clash with MLServer's own `inference`
 package in the protobuf registry.
 
-    python -m bench.mlserver_shim FOLDER
+    python -m bench.peers.mlserver_shim FOLDER
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from mlserver.codecs import NumpyCodec
 from mlserver.types import InferenceRequest, InferenceResponse
 from mlserver.utils import get_model_uri
 
-from bench.peer_grpc import config_bytes_from_env, wrap_aio_server
+from bench.peers.config_interceptor import config_bytes_from_env, wrap_aio_server
 
 
 class TorchScriptRuntime(MLModel):
@@ -47,7 +47,7 @@ class TorchScriptRuntime(MLModel):
 
 def main() -> None:
     if len(sys.argv) != 2:
-        sys.exit("usage: python -m bench.mlserver_shim FOLDER")
+        sys.exit("usage: python -m bench.peers.mlserver_shim FOLDER")
     import mlserver.grpc.server as mlserver_grpc
     from mlserver.cli.main import main as mlserver_main
 

@@ -1,6 +1,6 @@
 """Runs inside Ray Serve's own virtualenv: the fraud pipeline's three stages as one Ray Serve 2.60 application.
 
-The peer of meshserve's gateway in `python -m bench.pipeline_peers`. Its ingress deployment speaks the v2
+The peer of meshserve's gateway in `python -m bench.peers.pipeline`. Its ingress deployment speaks the v2
 `GRPCInferenceService` through Ray Serve's gRPC ingress (the repository's generated servicer functions) and does
 per request what the gateway does: a cache lookup in Redis by a digest of the request, on a miss the feature
 deployment then the model deployment, and the cache store off the critical path. The feature deployment runs
@@ -8,7 +8,7 @@ meshserve's own `FeatureHandler.compute` (fraud_v1's FeatureSet against the same
 deployment the same TorchScript file, each behind `@serve.batch`: concurrent requests become one Compute and
 one forward pass. Every deployment takes a fraction of a CPU, so that Ray's scheduler fits them on 2 cores.
 
-    python -m bench.ray_peer --grpc-port P --http-port H --redis-url URL --model-file FILE --temp-dir DIR
+    python -m bench.peers.ray_peer --grpc-port P --http-port H --redis-url URL --model-file FILE --temp-dir DIR
 """
 
 from __future__ import annotations
@@ -37,18 +37,18 @@ from services.feature.handler import FeatureHandler
 from services.feature.settings import FeatureSettings
 from services.protos import inference_pb2 as pb
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SERVICER = "services.protos.inference_pb2_grpc.add_GRPCInferenceServiceServicer_to_server"
 CPUS = 2  # the machine's cores: Ray's scheduler hands out no more
 STAGE_CPUS = 0.5  # per deployment (ingress, features, model): 1.5 of the 2 (Ray's own actors reserve none)
 MAX_BATCH = 32  # @serve.batch's cap: the most concurrent requests the benchmark sends
 # A replica takes at most this many requests at once (Ray's default, 5, would cap a batch at 5).
 MAX_ONGOING = 2 * MAX_BATCH
-MODEL_VERSION = "1"  # the version both stacks serve (bench.pipeline_peers pins meshserve's model service to it)
+MODEL_VERSION = "1"  # the version both stacks serve (bench.peers.pipeline pins meshserve's model service to it)
 CACHE_PREFIX = b"raypeer:cache:"  # its own keys in the shared Valkey, apart from the cache service's
 OBJECT_STORE_BYTES = 100 * 1024 * 1024  # the smallest Ray allows is 75 MiB; the pipeline passes only small arrays
 LOGGING = {"log_level": "WARNING", "enable_access_log": False}  # Ray logs every request at INFO by default
-log = logging.getLogger("bench.ray_peer")
+log = logging.getLogger("bench.peers.ray_peer")
 
 
 def pipeline_spec(path: Path) -> dict[str, Any]:
@@ -204,7 +204,7 @@ def build(args: argparse.Namespace) -> serve.Application:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.ray_peer", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.peers.ray_peer", description=__doc__.splitlines()[0])
     parser.add_argument("--grpc-port", type=int, required=True)
     parser.add_argument("--http-port", type=int, required=True, help="Ray Serve always starts its HTTP proxy too")
     parser.add_argument("--redis-url", required=True)
@@ -240,8 +240,8 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    # Run as bench.ray_peer, not __main__, so that Ray pickles the deployments by reference (importable on its
+    # Run as bench.peers.ray_peer, not __main__, so that Ray pickles the deployments by reference (importable on its
     # workers through PYTHONPATH) rather than by value.
-    from bench.ray_peer import main as run
+    from bench.peers.ray_peer import main as run
 
     run()

@@ -21,7 +21,7 @@ from bench.lib.perf_analyzer import PerfResult, ensure_perf_analyzer
 from bench.lib.perf_runs import FLOOR, FRAUD_CONCURRENCY, ON, Bench, perf_cells
 from bench.lib.results import ratio
 from bench.lib.serving import ROOT, free_port
-from bench.peer_grpc import CONFIG_FILE_ENV
+from bench.peers.config_interceptor import CONFIG_FILE_ENV
 from services.protos import inference_pb2 as pb
 from services.protos import model_config_pb2 as mc
 
@@ -115,7 +115,7 @@ def write_mlserver_folder(folder: Path, models: Path, grpc_port: int) -> Path:
     }
     model_settings = {
         "name": FRAUD,
-        "implementation": "bench.mlserver_shim.TorchScriptRuntime",
+        "implementation": "bench.peers.mlserver_shim.TorchScriptRuntime",
         "parameters": {"uri": str((models / FRAUD / "1" / "model.pt").resolve()), "version": "1"},
         "max_batch_size": MLSERVER_MAX_BATCH,
         "max_batch_time": MLSERVER_MAX_BATCH_TIME_S,
@@ -132,7 +132,7 @@ def write_mlserver_folder(folder: Path, models: Path, grpc_port: int) -> Path:
 
 @dataclass
 class KServeLaunch:
-    """How to start bench.kserve_shim: its arguments after `python -m bench.kserve_shim`, and its environment."""
+    """How to start the KServe shim: its arguments after `python -m bench.peers.kserve_shim`, and its environment."""
 
     args: list[str]
     env: dict[str, str]
@@ -289,14 +289,15 @@ def main(argv: list[str] | None = None) -> int:
             port = free_port()
             config_file = write_mlserver_folder(tmp / "mlserver", models_dir, port)
             env = {CONFIG_FILE_ENV: str(config_file), "PYTHONPATH": str(ROOT)}
-            argv_ml = [str(mlserver_python), "-m", "bench.mlserver_shim", str(tmp / "mlserver")]
-            shown = "mlserver start (via bench.mlserver_shim: + ModelConfig interceptor)"
+            argv_ml = [str(mlserver_python), "-m", "bench.peers.mlserver_shim", str(tmp / "mlserver")]
+            shown = "mlserver start (via bench.peers.mlserver_shim: + ModelConfig interceptor)"
             bench.serve(MLSERVER, argv_ml, port, loads, env, health=False, shown=shown)
         if kserve_python is not None:
             port = free_port()
             launch = write_kserve_folder(tmp / "kserve", models_dir, port)
-            argv_ks = [str(kserve_python), "-m", "bench.kserve_shim", *launch.args]
-            shown = f"kserve.ModelServer (via bench.kserve_shim: + ModelConfig interceptor) {' '.join(launch.args[2:])}"
+            argv_ks = [str(kserve_python), "-m", "bench.peers.kserve_shim", *launch.args]
+            via = "via bench.peers.kserve_shim: + ModelConfig interceptor"
+            shown = f"kserve.ModelServer ({via}) {' '.join(launch.args[2:])}"
             bench.serve(KSERVE, argv_ks, port, loads, launch.env, health=False, shown=shown)
         if MESHSERVE in chosen:
             copy_fraud(tmp / "repo", batching=True, models=models_dir)
