@@ -1,18 +1,17 @@
 """Protobuf <-> the gateway's domain types: v2 requests and responses, pipeline metadata, config, statistics and
-repository index, and the cached form of an answer (pure functions, no logic beyond the mapping)."""
+repository index (pure functions, no logic beyond the mapping; the cached form of an answer is in
+cache_converters.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from services.cache.api import CachedValue
 from services.common.tensor_codec import decode_request_inputs
 from services.common.triton_config import MODEL_CONFIG_DATA_TYPES
 from services.gateway.admission import Priority, parse_priority
-from services.gateway.domain import Answer, OutputSpec, PipelineRequest, PipelineResponse
+from services.gateway.domain import PIPELINE_VERSION, OutputSpec, PipelineRequest, PipelineResponse
 from services.gateway.pipeline import PipelineSpec
 from services.gateway.statistics import PipelineStats
-from services.model.api import RawTensor
 from services.protos import inference_pb2 as pb
 from services.protos import model_config_pb2 as mc
 
@@ -20,7 +19,6 @@ SERVER_NAME = "meshserve-gateway"
 SERVER_VERSION = "0.1.0"
 EXTENSIONS = ["model_repository", "statistics", "pipelines"]
 PLATFORM = "meshserve_pipeline"
-PIPELINE_VERSION = "1"  # a pipeline has one version; its model's versions live behind it
 
 
 def _param(value: pb.InferParameter) -> str | int | bool | float | None:
@@ -64,25 +62,6 @@ def infer_response_to_pb(response: PipelineResponse) -> pb.ModelInferResponse:
     for stage, requests in response.batches.items():
         params[f"batch_{stage}"].int64_param = requests
     return message
-
-
-def answer_to_cache_value(answer: Answer, model_name: str) -> bytes:
-    """An answer as the cache stores it: a serialized ModelInferResponse of the model's outputs."""
-    message = pb.ModelInferResponse(model_name=model_name, model_version=answer.model_version)
-    for tensor in answer.outputs:
-        message.outputs.add(name=tensor.name, datatype=tensor.datatype, shape=tensor.shape)
-        message.raw_output_contents.append(tensor.raw)
-    return message.SerializeToString()
-
-
-def answer_from_cache(hit: CachedValue, cache: str) -> Answer:
-    """A cached answer (`cache`: hit or stale), its version from the value or else from the entry."""
-    message = pb.ModelInferResponse.FromString(hit.value)
-    outputs = [
-        RawTensor(o.name, o.datatype, list(o.shape), raw)
-        for o, raw in zip(message.outputs, message.raw_output_contents, strict=True)
-    ]
-    return Answer(outputs, message.model_version or hit.model_version, cache)
 
 
 def server_metadata_to_pb() -> pb.ServerMetadataResponse:

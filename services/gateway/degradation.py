@@ -16,7 +16,7 @@ import numpy as np
 from services.cache.api import CachedValue
 from services.common.errors import MeshserveError
 from services.common.tensor_codec import NUMPY_DTYPES, encode_raw
-from services.gateway.converters import answer_from_cache
+from services.gateway.cache_converters import answer_from_cache
 from services.gateway.domain import Answer, OutputSpec
 from services.model.api import RawTensor
 

@@ -9,6 +9,8 @@ import numpy as np
 from services.gateway.admission import Priority
 from services.model.api import RawTensor
 
+PIPELINE_VERSION = "1"  # a pipeline has one version; its model's versions live behind it
+
 
 @dataclass
 class PipelineRequest:

@@ -21,9 +21,8 @@ from services.common.recording import DEGRADED, PIPELINE
 from services.common.server import Lifecycle
 from services.gateway import metrics
 from services.gateway.admission import Admission, Permit
-from services.gateway.converters import PIPELINE_VERSION
 from services.gateway.degradation import MODEL_FAILURES
-from services.gateway.domain import Answer, OutputSpec, PipelineRequest, PipelineResponse
+from services.gateway.domain import PIPELINE_VERSION, Answer, OutputSpec, PipelineRequest, PipelineResponse
 from services.gateway.forwarding import Forwarder
 from services.gateway.inputs import check_inputs
 from services.gateway.near import near_cache

@@ -22,7 +22,7 @@ from services.common.tracing import child_span
 from services.feature.api import FeatureMatrix
 from services.gateway import metrics
 from services.gateway.batching import StageBatcher
-from services.gateway.converters import answer_from_cache, answer_to_cache_value
+from services.gateway.cache_converters import answer_from_cache, answer_to_cache_value
 from services.gateway.degradation import (
     FEATURES_INVALID,
     Failure,

@@ -12,7 +12,7 @@ import numpy as np
 from services.cache.api import CachedValue, Invalidation, StoreItem
 from services.common.errors import DeadlineExceeded, InvalidArgument, MeshserveError, Unavailable
 from services.feature.api import FeatureMatrix, FeatureSetInfo, FieldValue
-from services.gateway.converters import answer_to_cache_value
+from services.gateway.cache_converters import answer_to_cache_value
 from services.gateway.domain import Answer
 from services.gateway.pipeline import PipelineSpec
 from services.gateway.upstream import Upstreams

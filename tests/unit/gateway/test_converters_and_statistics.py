@@ -9,7 +9,7 @@ import pytest
 from services.cache.api import CachedValue
 from services.common.errors import InvalidArgument
 from services.common.tensor_codec import serialize_bytes
-from services.gateway import converters
+from services.gateway import cache_converters, converters
 from services.gateway.admission import Priority
 from services.gateway.domain import Answer, OutputSpec, PipelineResponse
 from services.gateway.statistics import Statistics
@@ -82,12 +82,12 @@ def test_a_response_carries_its_parameters() -> None:
 
 def test_an_answer_survives_the_cache() -> None:
     answer = Answer([score(0.75, 3)], "2", "miss", degraded=None)
-    value = converters.answer_to_cache_value(answer, "m")
-    back = converters.answer_from_cache(CachedValue(value, "2", 5.0, False), "hit")
+    value = cache_converters.answer_to_cache_value(answer, "m")
+    back = cache_converters.answer_from_cache(CachedValue(value, "2", 5.0, False), "hit")
     assert (back.outputs, back.model_version, back.cache) == (answer.outputs, "2", "hit")
     # a value without a version takes the entry's
     bare = pb.ModelInferResponse(model_name="m").SerializeToString()
-    assert converters.answer_from_cache(CachedValue(bare, "7", 1.0, True), "stale").model_version == "7"
+    assert cache_converters.answer_from_cache(CachedValue(bare, "7", 1.0, True), "stale").model_version == "7"
 
 
 def test_pipeline_metadata_and_config() -> None:
