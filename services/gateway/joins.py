@@ -9,8 +9,8 @@ fails every member with that error, and each member's own degradation policy ans
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
-from typing import Any, TypeVar
+from collections.abc import Hashable, Mapping, Sequence
+from typing import Protocol, TypeVar
 
 import grpc
 import numpy as np
@@ -20,6 +20,7 @@ from services.common.errors import MeshserveError, Unavailable
 from services.common.tensor_codec import deserialize_bytes, serialize_bytes
 from services.feature.api import FeatureMatrix, FieldValue
 from services.gateway import metrics
+from services.gateway.batching import BatchCall
 from services.gateway.upstream import CacheUpstream, FeatureUpstream, Headers, ModelUpstream, hop_headers
 from services.model.api import InferResult, RawTensor
 
@@ -32,6 +33,12 @@ ModelKey = tuple[str, str, Headers]  # model name, version asked for, routing he
 CALLER_FAULTS = (grpc.StatusCode.INVALID_ARGUMENT,)
 
 
+class Counter(Protocol):
+    """A counter of one label set (a Prometheus child counter)."""
+
+    def inc(self, amount: float = 1) -> None: ...
+
+
 def routing_headers(headers: Headers, drop: Sequence[str]) -> tuple[tuple[str, str], ...]:
     """The headers that decide where a call goes (what members of one batch must share): the passed-on ones
     without those named in `drop` (the trace context and request id belong to a single request)."""
@@ -39,11 +46,7 @@ def routing_headers(headers: Headers, drop: Sequence[str]) -> tuple[tuple[str, s
 
 
 async def one_by_one(
-    call: Callable[[Sequence[T], float, Hashable], Awaitable[Sequence[R | BaseException]]],
-    items: Sequence[T],
-    timeout_s: float,
-    key: Hashable,
-    counter: Any,
+    call: BatchCall[T, R], items: Sequence[T], timeout_s: float, key: Hashable, counter: Counter
 ) -> list[R | BaseException]:
     """Each member's call on its own, concurrently: one result or exception per member (`counter` counts it)."""
     counter.inc()
@@ -68,9 +71,7 @@ def _offsets(counts: Sequence[int]) -> list[tuple[int, int]]:
 # -- cache lookup -------------------------------------------------------------------------------------------
 
 
-def lookup_call(
-    cache: CacheUpstream, pipeline: str
-) -> Callable[[Sequence[list[bytes]], float, Hashable], Awaitable[list[list[CachedValue | None]]]]:
+def lookup_call(cache: CacheUpstream, pipeline: str) -> BatchCall[list[bytes], list[CachedValue | None]]:
     """One Lookup for every member's keys (fresh or stale); each member gets the hits of its own keys."""
 
     async def call(items: Sequence[list[bytes]], timeout_s: float, key: Hashable) -> list[list[CachedValue | None]]:
@@ -105,7 +106,7 @@ def split_matrix(matrix: FeatureMatrix, counts: Sequence[int]) -> list[FeatureMa
 
 def features_call(
     features: FeatureUpstream, pipeline: str, feature_set: str, budget_ms: float
-) -> Callable[[Sequence[Rows], float, Hashable], Awaitable[list[FeatureMatrix | BaseException]]]:
+) -> BatchCall[Rows, FeatureMatrix]:
     """One Compute for every member's rows; a row the service refuses fails only its own member."""
     resent = metrics.BATCH_RESENT.labels(pipeline, "features")
 
@@ -155,9 +156,7 @@ def split_tensor(tensor: RawTensor, counts: Sequence[int]) -> list[RawTensor]:
     ]
 
 
-def model_call(
-    model: ModelUpstream, pipeline: str
-) -> Callable[[Sequence[Mapping[str, Wire]], float, Hashable], Awaitable[list[InferResult | BaseException]]]:
+def model_call(model: ModelUpstream, pipeline: str) -> BatchCall[Mapping[str, Wire], InferResult]:
     """One ModelInfer for every member's rows (members share model, version and routing: the lane key);
     each member gets its rows of every output. A batch the model refuses, or answers without a row per
     input row, is sent again member by member."""
@@ -194,7 +193,7 @@ def _model_key(key: Hashable) -> ModelKey:
 # -- cache store --------------------------------------------------------------------------------------------
 
 
-def store_call(cache: CacheUpstream) -> Callable[[Sequence[StoreItem], float, Hashable], Awaitable[list[bool]]]:
+def store_call(cache: CacheUpstream) -> BatchCall[StoreItem, bool]:
     """One Store for every member's entry; True for each when all were written."""
 
     async def call(items: Sequence[StoreItem], timeout_s: float, key: Hashable) -> list[bool]:
@@ -204,6 +203,6 @@ def store_call(cache: CacheUpstream) -> Callable[[Sequence[StoreItem], float, Ha
     return call
 
 
-def _hop(key: Any) -> tuple[tuple[str, str], ...]:
+def _hop(key: Hashable) -> tuple[tuple[str, str], ...]:
     """The hop's headers: the lane's routing headers and the current span's trace context."""
     return hop_headers(key if isinstance(key, tuple) else ())

@@ -8,7 +8,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import TypeVar
 
 import grpc
 import numpy as np
@@ -21,7 +21,7 @@ from services.common.tensor_codec import encode_raw
 from services.common.tracing import child_span
 from services.feature.api import FeatureMatrix
 from services.gateway import metrics
-from services.gateway.batching import StageBatcher
+from services.gateway.batching import BatchCall, StageBatcher
 from services.gateway.cache_converters import answer_from_cache, answer_to_cache_value
 from services.gateway.degradation import (
     FEATURES_INVALID,
@@ -46,6 +46,25 @@ tracer = trace.get_tracer("meshserve.gateway")
 # Passed-on headers that belong to one request: the members of a batch need not share them.
 PER_REQUEST_HEADERS = ("traceparent", "tracestate", "x-request-id", PARENT_HEADER)
 STORE_TIMEOUT_S = 0.2
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+def stage_batcher(spec: PipelineSpec, stage: str, span: str, call: BatchCall[T, R], rows: int) -> StageBatcher[T, R]:
+    """The micro-batcher of one stage of `spec`'s pipeline: `call` (a join) sends its batches of at most `rows`
+    rows, on the pipeline's batching settings."""
+    batching = spec.batching
+    return StageBatcher(
+        spec.name,
+        stage,
+        span,
+        call,
+        max_rows=rows,
+        max_inflight=batching.max_inflight,
+        max_delay_s=batching.max_delay_ms / 1e3,
+        max_gather_s=batching.max_gather_ms / 1e3,
+        enabled=batching.enabled,
+    )
 
 
 class PipelineRunner:
@@ -85,36 +104,22 @@ class PipelineRunner:
             "features": timeouts.budget(timeouts.features_ms),
             "model": timeouts.budget(timeouts.model_ms),
         }
-        batching = spec.batching
-
-        def batcher(stage: str, span: str, call: Any, rows: int) -> Any:
-            return StageBatcher(
-                spec.name,
-                stage,
-                span,
-                call,
-                max_rows=rows,
-                max_inflight=batching.max_inflight,
-                max_delay_s=batching.max_delay_ms / 1e3,
-                max_gather_s=batching.max_gather_ms / 1e3,
-                enabled=batching.enabled,
-            )
-
-        caps = batching.max_rows
-        self._lookups: StageBatcher[list[bytes], list[CachedValue | None]] = batcher(
-            "cache", "cache.lookup", lookup_call(cache, spec.name), caps.cache
-        )
         stage = spec.features
-        self._computes: StageBatcher[Rows, FeatureMatrix] = batcher(
-            "features",
-            "features",
-            features_call(features, spec.name, stage.feature_set if stage else "", stage.budget_ms if stage else 0.0),
-            caps.features,
+        feature_set, budget_ms = (stage.feature_set, stage.budget_ms) if stage else ("", 0.0)
+        caps = spec.batching.max_rows
+        # Each stage's batcher, typed by the join that sends its batches (services/gateway/joins.py).
+        self._lookups: StageBatcher[list[bytes], list[CachedValue | None]] = stage_batcher(
+            spec, "cache", "cache.lookup", lookup_call(cache, spec.name), caps.cache
         )
-        self._infers: StageBatcher[dict[str, Wire], InferResult] = batcher(
-            "model", "model", model_call(model, spec.name), caps.model
+        self._computes: StageBatcher[Rows, FeatureMatrix] = stage_batcher(
+            spec, "features", "features", features_call(features, spec.name, feature_set, budget_ms), caps.features
         )
-        self._writes: StageBatcher[StoreItem, bool] = batcher("store", "cache.store", store_call(cache), caps.store)
+        self._infers: StageBatcher[Mapping[str, Wire], InferResult] = stage_batcher(
+            spec, "model", "model", model_call(model, spec.name), caps.model
+        )
+        self._writes: StageBatcher[StoreItem, bool] = stage_batcher(
+            spec, "store", "cache.store", store_call(cache), caps.store
+        )
 
     @property
     def model_outputs(self) -> Mapping[str, OutputSpec]:
