@@ -64,7 +64,42 @@ class _Lane(Generic[T, R]):
 
 
 class StageBatcher(Generic[T, R]):
-    """The micro-batcher of one stage of one pipeline (`stage` names it in metrics, `span` in traces)."""
+    """The micro-batcher of one stage of one pipeline: callers `submit` one item each, concurrent callers of one
+    lane share one downstream `call`, and each gets back its own result (or its own error).
+
+    Example (a stage whose downstream call doubles numbers; three concurrent callers, one call)::
+
+        >>> import asyncio
+        >>> calls = []
+        >>> async def double(items, timeout_s, key):
+        ...     calls.append(list(items))
+        ...     return [2 * item for item in items]
+        >>> async def three_callers():
+        ...     batcher = StageBatcher("fraud", "model", "model", double, max_rows=32)
+        ...     return await asyncio.gather(*(batcher.submit(i, rows=1, timeout_s=1.0) for i in range(3)))
+        >>> asyncio.run(three_callers())
+        [0, 2, 4]
+        >>> calls
+        [[0, 1, 2]]
+
+    The gateway builds one per stage of each pipeline (services/gateway/runner.py, `stage_batcher`), with a
+    join of services/gateway/joins.py as `call`.
+
+    Args:
+        pipeline: the pipeline's name (a label of the batch metrics).
+        stage: the stage's name (`cache`, `features`, `model`, `store`): a label of the batch metrics, and the
+            key its callers' `shared` maps get.
+        span: the stage's span name; each batched call has a span `<span>.batch`.
+        call: the downstream call of one batch (`BatchCall`): the members' items, the call's timeout (the
+            latest of its members' deadlines) and the lane key, to one result or exception per member, in order;
+            raising fails every member with that error.
+        max_rows: the most rows in one batch (a lone caller with more still goes, alone).
+        max_inflight: batches of one lane in flight at once; callers arriving meanwhile form the next batch.
+        max_delay_s: wait this long for company before sending; 0: never wait on a timer.
+        max_gather_s: without `max_delay_s`, a batch goes when the event loop runs out of other work or after
+            this long, whichever comes first; 0: in the next loop step.
+        enabled: False sends each caller's item in a call of its own, at once (no lanes, no queue).
+    """
 
     def __init__(
         self,

@@ -4,6 +4,7 @@ errors, the row cap, the optional wait, and the batch span with its links (the r
 from __future__ import annotations
 
 import asyncio
+import doctest
 from collections.abc import Hashable, Sequence
 
 import pytest
@@ -13,6 +14,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from services.common.errors import DeadlineExceeded, InvalidArgument, Unavailable
+from services.gateway import batching
 from services.gateway.batching import StageBatcher
 
 
@@ -330,3 +332,8 @@ async def test_a_lone_call_has_its_batch_span_with_one_link(
     (batch,) = [s for s in exporter.get_finished_spans() if s.name == "features.batch"]
     assert batch.parent is not None and batch.parent.span_id == span.get_span_context().span_id
     assert [link.context.span_id for link in batch.links] == [span.get_span_context().span_id]
+
+
+def test_the_usage_example_in_the_docstring_runs_as_shown() -> None:
+    failed, tried = doctest.testmod(batching, raise_on_error=False)
+    assert tried > 0 and failed == 0
