@@ -1,5 +1,5 @@
-"""Server-interceptor overhead (`python -m bench.interceptor_overhead`, not in `make bench`): meshserve's own
-interceptor against opentelemetry-instrumentation-grpc's aio server interceptor, per call, side by side.
+"""Server-interceptor overhead: meshserve's own interceptor against opentelemetry-instrumentation-grpc's aio server
+interceptor, per call, side by side (`python -m bench.experiments.interceptor_overhead`, not in `make bench`).
 
 One process runs a grpc.aio server per configuration on loopback and a client that calls them in turn; rounds
 alternate between the configurations (each round in a rotated order) so that the machine's drift hits each alike,
@@ -42,7 +42,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, Spa
 from bench.lib.results import figure, print_table, record
 from services.common.interceptors import UNTRACED_PREFIXES, ErrorAndMetricsInterceptor
 
-COMMAND = "python -m bench.interceptor_overhead"
+COMMAND = "python -m bench.experiments.interceptor_overhead"
 SERVICE = "bench.Echo"
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 HEADERS = {

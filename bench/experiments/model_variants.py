@@ -6,7 +6,7 @@ models and .venv); `floor` is the bare gRPC server. Each variant's server holds 
 or the heavy model of bench.model_service), and perf_analyzer measures it at each concurrency, `--rounds` times in
 turn:
 
-    python -m bench.model_variants '{"floor": {}, "inline": {"config": {"execution": "inline"}},
+    python -m bench.experiments.model_variants '{"floor": {}, "inline": {"config": {"execution": "inline"}},
         "thread": {"config": {"execution": "thread"}}}' --model fraud_mlp --concurrency 1,32 --rounds 2
 """
 
@@ -49,7 +49,7 @@ def serve(name: str, spec: dict[str, Any], repo: Path, model: str) -> Iterator[S
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.model_variants", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m bench.experiments.model_variants", description=__doc__)
     parser.add_argument("variants", help="JSON object: name -> {config, env, tree}")
     parser.add_argument("--model", default=FRAUD, choices=(FRAUD, HEAVY))
     parser.add_argument("--concurrency", default="1,8,32", help="comma-separated perf_analyzer concurrencies")

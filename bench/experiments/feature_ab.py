@@ -1,11 +1,11 @@
 """Compare the feature service's 32-row Compute of two source trees, alternated on this machine.
 
-`python -m bench.feature_ab OTHER_TREE [--rounds 3]`: OTHER_TREE is another checkout of this repository (e.g.
-`git worktree add /tmp/old HEAD~1`). Each round measures OTHER_TREE's code once, then this tree's, each in a
-fresh process with its own embedded Valkey, the same events and the same rows (as bench.feature_service loads
-them), and prints p50 / p99 of 1,500 sequential calls and the read script's server time (Valkey
-`commandstats`). Alternating the trees makes the machine's drift hit both alike. Not part of `make bench`: it
-is how a change to the read path is judged before it is committed.
+`python -m bench.experiments.feature_ab OTHER_TREE [--rounds 3]`: OTHER_TREE is another checkout of this
+repository (e.g. `git worktree add /tmp/old HEAD~1`). Each round measures OTHER_TREE's code once, then this
+tree's, each in a fresh process with its own embedded Valkey, the same events and the same rows (as
+bench.feature_service loads them), and prints p50 / p99 of 1,500 sequential calls and the read script's server
+time (Valkey `commandstats`). Alternating the trees makes the machine's drift hit both alike. Not part of
+`make bench`: it is how a change to the read path is judged before it is committed.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CALLS = 1500
 BATCH = 32
 
@@ -88,7 +88,7 @@ def run_in(tree: Path) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.feature_ab", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.experiments.feature_ab", description=__doc__.splitlines()[0])
     parser.add_argument("other", nargs="?", type=Path, help="the other tree (a checkout of this repository)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--measure", action="store_true", help="measure this tree once and print JSON")

@@ -1,7 +1,7 @@
 """Run `make bench`'s benchmarks in two trees, alternated, and print every figure of both side by side.
 
-`python -m bench.trees_ab OLD_TREE [--bench model_service cache ...] [--rounds 2]` runs each benchmark module
-with each tree's own virtualenv (`<tree>/.venv/bin/python -m bench.<name>`), old then new, then new then old
+`python -m bench.experiments.trees_ab OLD_TREE [--bench model_service cache ...] [--rounds 2]` runs each benchmark
+module with each tree's own virtualenv (`<tree>/.venv/bin/python -m bench.<name>`), old then new, then new then old
 in the next round, so neither tree always runs on the warmer machine. After each run it reads the figures the
 benchmark wrote to `<tree>/bench/results/latest.json` and prints, per figure, both trees' values of each round
 and new/old of the medians. Both trees need their models built (`make models`) and their `.venv`.
@@ -19,7 +19,7 @@ from typing import Any
 
 from bench.lib.results import format_table, load
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 BENCHES = ("model_service", "cache", "feature_service", "pipeline", "mesh", "tracing")
 
 
