@@ -2,10 +2,10 @@
 
 A fixed budget (say 20 ms for an online lookup) is right on an idle machine and wrong on a busy one: under CPU
 contention every answer comes later, the budget runs out while the dependency is healthy, and answers degrade
-although nothing failed (issue 15: 57% of answers degraded at 16 callers). A `LatencyBudget` is the configured
-budget stretched to `factor` times the p99 of the last `window` successful calls, never past `stretch_max` times
-the configured value: a dependency that stops answering still trips it after a few times its usual latency, while
-a machine that slows everything down moves the budget with it.
+although nothing failed (as measured under concurrent load: bench/README.md, "Figures moved from code comments").
+A `LatencyBudget` is the configured budget stretched to `factor` times the p99 of the last `window` successful
+calls, never past `stretch_max` times the configured value: a dependency that stops answering still trips it after
+a few times its usual latency, while a machine that slows everything down moves the budget with it.
 """
 
 from __future__ import annotations

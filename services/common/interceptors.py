@@ -16,14 +16,9 @@ it maps no errors and counts nothing, so this interceptor would still run beside
   so does every stream once this interceptor has adapted it; placed inside this one instead, streams work but
   the span ends before the status is set (a failed RPC's span keeps status code 0, OK) and the latency
   histograms lose their trace exemplars;
-* it costs more: it re-wraps the handler and proxies the context on every call and has no unsampled fast path.
-  `python -m bench.interceptor_overhead` run by a Python that has the library (in-process grpc.aio server and
-  client on loopback, 15 alternated rounds, CPU of the process per call, paired within rounds; 2026-12-03 on
-  the shared 2-core machine, the library given a plain prefix filter for health and reflection, its own
-  filters costing as much again):
-  unary call, unsampled traceparent: this one +29 µs over no interceptor, library + this one untraced +141 µs
-  (1.36x the CPU per call); sampled: +155 µs against +200 µs (1.09x); 10-message stream with the library
-  inside: unsampled +71 µs against +238 µs (1.17x), sampled +212 µs against +257 µs (1.06x).
+* it costs more: it re-wraps the handler and proxies the context on every call and has no unsampled fast path,
+  so every call, sampled or not, spends more CPU (`python -m bench.experiments.interceptor_overhead`; the
+  figures are in bench/README.md, "Server interceptor").
 """
 
 from __future__ import annotations

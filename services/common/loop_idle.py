@@ -8,9 +8,9 @@ run, and if they scheduled work the loop polls again instead of blocking. Loops 
 attribute (uvloop) are not supported: `idle_hooks` returns None and callers fall back to `call_soon`.
 
 Why not a timer (`call_later`) bounding the wait instead: epoll waits are whole milliseconds, so a sub-millisecond
-timer on an idle loop costs a millisecond, and every batch at moderate load waited its full delay (measured with
-`python -m bench.model_variants`, bench/README.md, issue 13: fraud_mlp at c=8 fell to 2,060 infer/s with a 2 ms
-bound, where closing at idle holds 2,500-3,600).
+timer on an idle loop costs a millisecond, and every batch at moderate load waited its full delay, which cost
+throughput at moderate concurrency (`python -m bench.experiments.model_variants`; the figures are in
+bench/README.md, "Model service").
 """
 
 from __future__ import annotations

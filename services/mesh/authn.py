@@ -5,9 +5,9 @@ istiod (pilot/pkg/security/authn, convertToEnvoyJwtConfig) makes one provider `o
 issuer) with the payload in dynamic metadata under `payload`, and one requirement for every path: a valid token of
 some provider, or no token at all (`allow_missing`). A bad token is then 401, but a missing one passes jwt_authn and
 is refused by RBAC with 403, which a gRPC client sees as PERMISSION_DENIED, "you may not", where the truth is "who
-are you?". Issue 15 asks for UNAUTHENTICATED, so on the paths where RBAC could only refuse an anonymous caller the
-requirement here is a valid token (no allow_missing); the paths an ALLOW rule opens to anonymous callers (health
-probes) keep Istio's requirement. What is allowed is unchanged: only the status of the refusal differs.
+are you?", UNAUTHENTICATED. So on the paths where RBAC could only refuse an anonymous caller the requirement here is
+a valid token (no allow_missing); the paths an ALLOW rule opens to anonymous callers (health probes) keep Istio's
+requirement. What is allowed is unchanged: only the status of the refusal differs.
 """
 
 from __future__ import annotations

@@ -54,8 +54,8 @@ def parent_based_sampler(percent: float) -> dict[str, Any]:
 # Envoy's OpenTelemetry tracer exports a worker's spans as soon as 5 have ended (or after 5 s): a sampled request,
 # with two spans per listener it crosses, made one or two export calls to the collector while it was still on its way.
 # Flushing on a timer only, as often as the services' batch span processors do (OTEL_BSP_SCHEDULE_DELAY, set by
-# services.cli.stack.specs), sends each worker's spans in one call per half second: the local trace store then spent 45%
-# less CPU per request (bench/README, issue 14), and no span waits the 5 s it could before.
+# services.cli.stack.specs), sends each worker's spans in one call per half second: the local trace store spends far
+# less CPU per request (bench/README.md, "where a lone request's time goes"), and no span waits the 5 s it could before.
 TRACER_FLUSH_MS = 500
 TRACER_FLUSH_SPANS = 10_000  # far above what a worker collects in a flush interval: the timer decides
 
