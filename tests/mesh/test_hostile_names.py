@@ -1,8 +1,8 @@
-"""A client cannot make the mesh eject healthy replicas (issue 15, hole 3): an unknown model name of 200 kB used to
-come back whole in `grpc-message`, past Envoy's header limit, so Envoy reset the stream, the caller saw a retryable
-UNAVAILABLE, the mesh retried it three times and outlier detection ejected healthy replicas. The answer is now a
-bounded INVALID_ARGUMENT (no model can have such a name) that passes through Envoy like any other, is never
-retried, and ejects no replica."""
+"""A client cannot make the mesh eject healthy replicas: an unknown model name of 200 kB used to come back whole in
+`grpc-message`, past Envoy's header limit, so Envoy reset the stream, the caller saw a retryable UNAVAILABLE, the
+mesh retried it three times and outlier detection ejected healthy replicas. The answer is now a bounded
+INVALID_ARGUMENT (no model can have such a name) that passes through Envoy like any other, is never retried, and
+ejects no replica."""
 
 from __future__ import annotations
 
