@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, Sequence
 
 import grpc
 
 from services.cache import converters
 from services.cache.domain import CachedValue, CacheStats, Invalidation, Lookup, Removed, StoreItem
-from services.cache.singleflight import SingleFlight
 from services.common.errors import Unavailable, from_rpc_error
 from services.protos import cache_pb2 as pb
 from services.protos import cache_pb2_grpc as pb_grpc
@@ -32,10 +31,8 @@ class CacheClient:
 
     def __init__(self, target: str, timeout_s: float = 0.05, channel: grpc.aio.Channel | None = None) -> None:
         self.channel = channel or grpc.aio.insecure_channel(target)
-        # The raw stub, for callers not yet on the methods below (which speak domain types and raise our errors).
-        self.stub = pb_grpc.CacheServiceStub(self.channel)
+        self._stub = pb_grpc.CacheServiceStub(self.channel)
         self.timeout_s = timeout_s
-        self.flights: SingleFlight[tuple[bytes, bool]] = SingleFlight()
 
     async def lookup(
         self,
@@ -49,7 +46,7 @@ class CacheClient:
         """One result per key, in order (None: a miss, or the cache could not answer in time)."""
         request = converters.lookup_to_pb(Lookup(list(keys), pipeline, allow_stale, budget_ms))
         try:
-            response = await self.stub.Lookup(request, timeout=timeout_s or self.timeout_s, metadata=tuple(metadata))
+            response = await self._stub.Lookup(request, timeout=timeout_s or self.timeout_s, metadata=tuple(metadata))
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
                 raise from_rpc_error(SERVICE, exc) from exc
@@ -80,44 +77,13 @@ class CacheClient:
         """Store entries in one call; how many were written to Redis (0 when the cache did not answer)."""
         timeout = timeout_s or self.timeout_s * 4
         try:
-            response = await self.stub.Store(converters.store_to_pb(items), timeout=timeout, metadata=tuple(metadata))
+            response = await self._stub.Store(converters.store_to_pb(items), timeout=timeout, metadata=tuple(metadata))
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
                 raise from_rpc_error(SERVICE, exc) from exc
             log.debug("cache store failed open: %s", exc.code().name)
             return 0
         return converters.stored_from_pb(response).stored
-
-    async def get_or_compute(
-        self,
-        key: bytes,
-        compute: Callable[[], Awaitable[bytes]],
-        *,
-        pipeline: str,
-        model_name: str,
-        model_version: str,
-        ttl_s: float,
-        stale_ttl_s: float = 0.0,
-    ) -> tuple[bytes, bool]:
-        """(value, was_cached): a hit, or one coalesced compute per key whose result is stored after."""
-
-        async def once() -> tuple[bytes, bool]:
-            (hit,) = await self.lookup([key], pipeline)
-            if hit is not None:
-                return hit.value, True
-            value = await compute()
-            await self.store(
-                key,
-                value,
-                pipeline=pipeline,
-                model_name=model_name,
-                model_version=model_version,
-                ttl_s=ttl_s,
-                stale_ttl_s=stale_ttl_s,
-            )
-            return value, False
-
-        return await self.flights.do(key, once)
 
     async def invalidate(
         self,
@@ -132,7 +98,7 @@ class CacheClient:
         replica; returns what the answering replica removed (from its L1, from Redis)."""
         request = converters.invalidate_to_pb(Invalidation(False, pipeline, model_name, model_version))
         try:
-            response = await self.stub.Invalidate(
+            response = await self._stub.Invalidate(
                 request, timeout=self._admin_timeout(timeout_s), metadata=tuple(metadata)
             )
         except grpc.aio.AioRpcError as exc:
@@ -142,7 +108,7 @@ class CacheClient:
     async def stats(self, timeout_s: float | None = None, metadata: Sequence[tuple[str, str]] = ()) -> CacheStats:
         """The answering replica's counters."""
         try:
-            response = await self.stub.Stats(
+            response = await self._stub.Stats(
                 pb.StatsRequest(), timeout=self._admin_timeout(timeout_s), metadata=tuple(metadata)
             )
         except grpc.aio.AioRpcError as exc:
@@ -161,7 +127,7 @@ class CacheClient:
         Unavailable when no event came for `heartbeat_timeout_s` (None: wait for ever). Either way, what comes
         after is not followed: the caller reconnects. Leaving the iteration (or cancelling it) ends the stream.
         """
-        call = self.stub.Watch(pb.WatchRequest(), metadata=tuple(metadata))
+        call = self._stub.Watch(pb.WatchRequest(), metadata=tuple(metadata))
         try:
             while True:
                 try:

@@ -1,17 +1,15 @@
-"""Single-flight: concurrent misses of one key compute once (through the client too), errors are shared, and a
-cancelled caller does not cancel the computation for the others."""
+"""Single-flight (what the gateway's runner coalesces concurrent misses with): concurrent calls of one key compute
+once, errors are shared, and a cancelled caller does not cancel the computation for the others."""
 
 from __future__ import annotations
 
 import asyncio
 
-from services.cache.client import CacheClient
 from services.cache.singleflight import SingleFlight
-from services.common.server import GrpcService
 
 
-async def test_single_flight_computes_once(cache_server: GrpcService) -> None:
-    client = CacheClient(f"127.0.0.1:{cache_server.port}", timeout_s=5.0)
+async def test_single_flight_computes_once() -> None:
+    flights: SingleFlight[bytes] = SingleFlight()
     calls = 0
     started, release = asyncio.Event(), asyncio.Event()
 
@@ -22,21 +20,15 @@ async def test_single_flight_computes_once(cache_server: GrpcService) -> None:
         await release.wait()
         return b"computed"
 
-    async def call() -> tuple[bytes, bool]:
-        return await client.get_or_compute(b"same", compute, pipeline="p", model_name="m", model_version="1", ttl_s=60)
-
-    try:
-        tasks = [asyncio.create_task(call()) for _ in range(50)]
-        await started.wait()
-        await asyncio.sleep(0.05)  # let every caller reach the in-flight computation
-        assert b"same" in client.flights
-        release.set()
-        results = await asyncio.gather(*tasks)
-        assert calls == 1 and results == [(b"computed", False)] * 50
-        assert await call() == (b"computed", True)  # stored after the computation
-        assert calls == 1 and len(client.flights) == 0
-    finally:
-        await client.close()
+    tasks = [asyncio.create_task(flights.do(b"same", compute)) for _ in range(50)]
+    await started.wait()
+    await asyncio.sleep(0.05)  # let every caller reach the in-flight computation
+    assert b"same" in flights
+    release.set()
+    results = await asyncio.gather(*tasks)
+    assert calls == 1 and results == [b"computed"] * 50
+    assert len(flights) == 0
+    assert await flights.do(b"same", compute) == b"computed" and calls == 2  # a later call computes afresh
 
 
 async def test_single_flight_shares_errors_and_survives_a_cancelled_caller() -> None:
