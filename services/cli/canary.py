@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from services.cli.stack.up import MESH_DIR
+from services.cli.stack.layout import MESH_DIR
 
 
 class CanaryError(ValueError):

@@ -224,24 +224,29 @@ async def run_demo(
                 asyncio.create_task(_worker(stub, pipeline, specs, traffic, stats, deadline, stop, timeout_s, metadata))
                 for _ in range(concurrency)
             ]
-            progress = Progress(
-                TextColumn(f"[bold]{pipeline}[/] @ {address}"),
-                BarColumn(),
-                TextColumn("{task.percentage:>3.0f}%"),
-                TimeRemainingColumn(),
-            )
-            task = progress.add_task("demo", total=duration_s)
             if live:
-                with Live(console=console, refresh_per_second=4, transient=False) as view:
-                    while not all(w.done() for w in workers):
-                        progress.update(task, completed=min(duration_s, time.monotonic() - stats.started))
-                        view.update(Group(progress, render(stats.summary())))
-                        await asyncio.wait(workers, timeout=0.25)
-                    progress.update(task, completed=duration_s)
-                    view.update(Group(progress, render(stats.summary())))
+                await _live_view(console, stats, workers, duration_s)
             await asyncio.gather(*workers)
     finally:
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.remove_signal_handler(signal.SIGINT)
     summary = stats.summary()
     return summary
+
+
+async def _live_view(console: Console, stats: DemoStats, workers: list[asyncio.Task[None]], duration_s: float) -> None:
+    """A progress bar over the run and the table of its figures, four times a second until the workers are done."""
+    progress = Progress(
+        TextColumn(f"[bold]{stats.pipeline}[/] @ {stats.address}"),
+        BarColumn(),
+        TextColumn("{task.percentage:>3.0f}%"),
+        TimeRemainingColumn(),
+    )
+    task = progress.add_task("demo", total=duration_s)
+    with Live(console=console, refresh_per_second=4, transient=False) as view:
+        while not all(w.done() for w in workers):
+            progress.update(task, completed=min(duration_s, time.monotonic() - stats.started))
+            view.update(Group(progress, render(stats.summary())))
+            await asyncio.wait(workers, timeout=0.25)
+        progress.update(task, completed=duration_s)
+        view.update(Group(progress, render(stats.summary())))

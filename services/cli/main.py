@@ -6,7 +6,7 @@ import asyncio
 import enum
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -15,6 +15,7 @@ from services.traces.cli import app as traces_app
 
 if TYPE_CHECKING:
     from services.cli.connect import Endpoint
+    from services.cli.stack.layout import StackLayout
 
 app = typer.Typer(
     name="meshserve",
@@ -66,81 +67,125 @@ def _endpoint(
         raise typer.Exit(2) from None
 
 
+PortBase = Annotated[int, typer.Option(help=PORT_BASE_HELP)]
+GatewayPort = Annotated[int | None, typer.Option(help="Gateway port (overrides the port base).")]
+TopologyFile = Annotated[
+    Path | None,
+    typer.Option(help="Stack topology YAML: model replica groups, subsets, pinned versions (default: the demo's)."),
+]
+UpLogDir = Annotated[Path, typer.Option(help="Folder for each process's log (and stack.json).")]
+Models = Annotated[Path | None, typer.Option(help="Model repository (default: ./models).")]
+Pipelines = Annotated[Path | None, typer.Option(help="Pipelines folder (default: the gateway's).")]
+RedisUrl = Annotated[str | None, typer.Option(help="Use this Redis instead of running Valkey under the supervisor.")]
+Replicas = Annotated[
+    int | None, typer.Option(min=1, max=8, help="Stable (v1) model replicas (default: the topology's).")
+]
+Canary = Annotated[bool | None, typer.Option(help="Run the topology's canary (v2) replicas (default: if it has them).")]
+GatewayReplicas = Annotated[
+    int | None, typer.Option(min=1, max=8, help="Gateway replicas behind the mesh (default: the topology's).")
+]
+Insecure = Annotated[
+    bool, typer.Option(help="Plaintext ingress without tokens (quick trials, benchmarks); admin RPCs closed.")
+]
+Mesh = Annotated[
+    bool, typer.Option(help="Put Envoy (rendered from istio/) in front of every service, with the ingress.")
+]
+Host = Annotated[str, typer.Option(help="Address every service binds.")]
+StartTimeout = Annotated[float, typer.Option(help="Seconds each service has to become SERVING.")]
+StopTimeout = Annotated[float, typer.Option(help="Seconds after SIGTERM before a service is killed.")]
+Traces = Annotated[bool, typer.Option(help="Run the local OTLP receiver; every service and Envoy export spans to it.")]
+Tracing = Annotated[
+    TracingMode,
+    typer.Option(
+        help="retroactive: record every request, keep the slow, failed, degraded and sampled ones plus 1% "
+        "(MESHSERVE_TRACING_*); head: export only what Envoy or the caller sampled."
+    ),
+]
+DemoSeconds = Annotated[
+    float, typer.Option(help="Once up, send this many seconds of demo traffic, then explain how to call it.")
+]
+
+
 @app.command()
 def up(
-    port_base: Annotated[int, typer.Option(help=PORT_BASE_HELP)] = 8000,
-    gateway_port: Annotated[int | None, typer.Option(help="Gateway port (overrides the port base).")] = None,
-    topology: Annotated[
-        Path | None,
-        typer.Option(help="Stack topology YAML: model replica groups, subsets, pinned versions (default: the demo's)."),
-    ] = None,
-    log_dir: Annotated[Path, typer.Option(help="Folder for each process's log (and stack.json).")] = Path(".logs"),
-    models: Annotated[Path | None, typer.Option(help="Model repository (default: ./models).")] = None,
-    pipelines: Annotated[Path | None, typer.Option(help="Pipelines folder (default: the gateway's).")] = None,
-    redis_url: Annotated[
-        str | None, typer.Option(help="Use this Redis instead of running Valkey under the supervisor.")
-    ] = None,
-    replicas: Annotated[
-        int | None, typer.Option(min=1, max=8, help="Stable (v1) model replicas (default: the topology's).")
-    ] = None,
-    canary: Annotated[
-        bool | None, typer.Option(help="Run the topology's canary (v2) replicas (default: if it has them).")
-    ] = None,
-    gateway_replicas: Annotated[
-        int | None, typer.Option(min=1, max=8, help="Gateway replicas behind the mesh (default: the topology's).")
-    ] = None,
-    insecure: Annotated[
-        bool, typer.Option(help="Plaintext ingress without tokens (quick trials, benchmarks); admin RPCs closed.")
-    ] = False,
-    mesh: Annotated[
-        bool, typer.Option(help="Put Envoy (rendered from istio/) in front of every service, with the ingress.")
-    ] = True,
-    host: Annotated[str, typer.Option(help="Address every service binds.")] = "127.0.0.1",
-    start_timeout: Annotated[float, typer.Option(help="Seconds each service has to become SERVING.")] = 120.0,
-    stop_timeout: Annotated[float, typer.Option(help="Seconds after SIGTERM before a service is killed.")] = 15.0,
-    traces: Annotated[
-        bool, typer.Option(help="Run the local OTLP receiver; every service and Envoy export spans to it.")
-    ] = True,
-    tracing_mode: Annotated[
-        TracingMode,
-        typer.Option(
-            help="retroactive: record every request, keep the slow, failed, degraded and sampled ones plus 1% "
-            "(MESHSERVE_TRACING_*); head: export only what Envoy or the caller sampled."
-        ),
-    ] = TracingMode.retroactive,
-    demo: Annotated[
-        float, typer.Option(help="Once up, send this many seconds of demo traffic, then explain how to call it.")
-    ] = 0.0,
+    port_base: PortBase = 8000,
+    gateway_port: GatewayPort = None,
+    topology: TopologyFile = None,
+    log_dir: UpLogDir = Path(".logs"),
+    models: Models = None,
+    pipelines: Pipelines = None,
+    redis_url: RedisUrl = None,
+    replicas: Replicas = None,
+    canary: Canary = None,
+    gateway_replicas: GatewayReplicas = None,
+    insecure: Insecure = False,
+    mesh: Mesh = True,
+    host: Host = "127.0.0.1",
+    start_timeout: StartTimeout = 120.0,
+    stop_timeout: StopTimeout = 15.0,
+    traces: Traces = True,
+    tracing_mode: Tracing = TracingMode.retroactive,
+    demo: DemoSeconds = 0.0,
 ) -> None:
     """Run the local stack (Valkey, the topology's model replicas, feature, cache, gateway, Envoy) until Ctrl-C.
 
-    The default topology is the demo's: model v1 on two replicas and v2 as canary (services/cli/stack/demo_topology.yaml).
-    The ingress speaks TLS with a certificate of the stack's own CA and wants a token (`meshserve token`); the
-    secrets live in <log-dir>/secrets, made at the first `up` and kept.
+    The default topology is the demo's: model v1 on two replicas and v2 as canary
+    (services/cli/stack/demo_topology.yaml). The ingress speaks TLS with a certificate of the stack's own CA and wants
+    a token (`meshserve token`); the secrets live in <log-dir>/secrets, made at the first `up` and kept.
     """
-    from services.cli.stack.layout import StackLayout
-    from services.cli.stack.topology import StackTopology, TopologyFileError
     from services.cli.stack.up import run_stack
     from services.mesh import MeshConfigError
 
+    layout = _stack_layout(
+        topology,
+        log_dir,
+        (replicas, canary, gateway_replicas),
+        redis_url,
+        tracing_mode,
+        port_base=port_base,
+        gateway_port=gateway_port,
+        models_dir=models,
+        pipelines_dir=pipelines,
+        host=host,
+        mesh=mesh,
+        traces=traces,
+        insecure=insecure,
+    )
+    run = run_stack(
+        layout, log_dir.resolve(), console, redis_url, start_timeout, stop_timeout_s=stop_timeout, demo_s=demo
+    )
+    try:
+        code = asyncio.run(run)
+    except MeshConfigError as e:
+        err.print(f"[red]mesh configuration[/]: {e}", highlight=False)
+        raise typer.Exit(2) from None
+    raise typer.Exit(code)
+
+
+def _stack_layout(
+    topology: Path | None,
+    log_dir: Path,
+    counts: tuple[int | None, bool | None, int | None],
+    redis_url: str | None,
+    tracing_mode: TracingMode,
+    **options: Any,
+) -> StackLayout:
+    """The layout `up` runs: the topology file's (default: the demo's) with the command line's replica counts, the
+    trace store's file in the log dir, Valkey unless there is an external Redis, Envoy's admin on a socket with the
+    mesh, and `options` (StackLayout.local's). Exits 2 on a bad topology, clashing ports or no model repository."""
+    from services.cli.stack.layout import StackLayout
+    from services.cli.stack.topology import StackTopology, TopologyFileError
+
     try:
         stack = StackTopology.load(topology) if topology is not None else StackTopology.demo()
-        stack = stack.with_counts(replicas, canary, gateway_replicas)
         layout = StackLayout.local(
-            port_base,
-            gateway_port,
-            topology=stack,
-            models_dir=models,
-            pipelines_dir=pipelines,
-            host=host,
-            mesh=mesh,
-            traces=traces,
+            topology=stack.with_counts(*counts),
             traces_db=log_dir / "traces.sqlite",
             tracing_mode=tracing_mode.value,
             valkey=redis_url is None,
             log_dir=log_dir,
-            insecure=insecure,
-            admin_socket=mesh,
+            admin_socket=options["mesh"],
+            **options,
         )
     except TopologyFileError as e:
         err.print(f"[red]topology[/]: {e}", highlight=False, soft_wrap=True)
@@ -151,16 +196,7 @@ def up(
     if not layout.models_dir.is_dir():
         err.print(f"model repository {layout.models_dir} not found (build it with `make models`, or --models)")
         raise typer.Exit(2)
-    try:
-        code = asyncio.run(
-            run_stack(
-                layout, log_dir.resolve(), console, redis_url, start_timeout, stop_timeout_s=stop_timeout, demo_s=demo
-            )
-        )
-    except MeshConfigError as e:
-        err.print(f"[red]mesh configuration[/]: {e}", highlight=False)
-        raise typer.Exit(2) from None
-    raise typer.Exit(code)
+    return layout
 
 
 @app.command()

@@ -12,10 +12,10 @@ from rich.console import Console
 from rich.table import Table
 
 from services.cli.connect import read_state
+from services.cli.stack.credentials import SecretsError, StackSecrets
 from services.cli.stack.layout import StackLayout
 from services.cli.stack.specs import build_specs
 from services.cli.stack.supervisor import http_ok
-from services.cli.stack.credentials import SecretsError, StackSecrets
 from services.common.embedded import ping
 from services.mesh.admin import EnvoyAdmin
 

@@ -3,21 +3,18 @@
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from services.cli.stack.ports import METRICS_OFFSET, PortAllocator
 from services.cli.stack.topology import ModelGroup, StackTopology
 
-if TYPE_CHECKING:
-    from services.cli.stack.credentials import StackSecrets
-    from services.mesh import MeshTopology
-
 ROOT = Path(__file__).resolve().parents[3]
-METRICS_OFFSET = 1000  # metrics port = gRPC port + 1000 (8000 -> 9000), as the default ports are laid out
+MESH_DIR = "mesh"  # under the log dir: Envoy's rendered config and its admin socket
 MESH_SERVICES = ("gateway", "model", "feature", "cache")
+NO_TRACES: tuple[None, None, None] = (None, None, None)
 
 
 class ModelReplica(BaseModel):
@@ -42,7 +39,16 @@ UNIX_PATH_MAX = 100  # sun_path holds 108 bytes; services.mesh takes at most 100
 
 
 class StackLayout(BaseModel):
-    """Every port and path of the local stack; services.cli.stack.specs turns it into process specs."""
+    """Every port and path of the local stack; services.cli.stack.specs turns it into process specs.
+
+    `local(base)` places the ports: gateway base (its further replicas base+10, base+20, ...), stable model replicas
+    base+1, base+11, ..., feature base+2, cache base+3, Valkey base+4, the canary's replicas from base+21 (after at
+    least two stable slots); each /metrics port is its gRPC port + 1000 (with base 8000: the documented 8000-8003 /
+    9000-9003). With the mesh: Envoy's ingress base+80, admin base+1901 (8080, 9901; with `admin_socket`, the Unix
+    socket `<log_dir>/mesh/admin.sock` instead), and the outbound listener of gateway, model, feature, cache at
+    base+100..103. With traces: the OTLP receiver on 4317 for base 8000, else base+90; its UI base+91, and in
+    retroactive mode Envoy's access log records base+92.
+    """
 
     host: str = "127.0.0.1"
     gateways: list[GatewayReplica] = Field(
@@ -104,78 +110,17 @@ class StackLayout(BaseModel):
         insecure: bool = False,
         admin_socket: bool = False,
     ) -> StackLayout:
-        """The layout of `topology` (default: the demo stack) from `port_base` (0: every port a free one).
-
-        gateway base (its further replicas base+10, base+20, ...), stable model replicas base+1, base+11, ...,
-        feature base+2, cache base+3, Valkey base+4, the canary's replicas from base+21 (after at least two stable
-        slots); each /metrics port is its gRPC port + 1000 (with base 8000: the documented 8000-8003 / 9000-9003).
-        With the mesh: Envoy's ingress base+80, admin base+1901 (8080, 9901; with `admin_socket`, the Unix socket
-        `<log_dir>/mesh/admin.sock` instead), and the outbound listener of gateway, model, feature, cache at
-        base+100..103. With traces: the OTLP receiver on 4317 for base 8000, else base+90.
-        """
+        """The layout of `topology` (default: the demo stack) from `port_base` (0: every port a free one), its ports
+        placed as the class docstring says."""
+        ports = PortAllocator(port_base, host)
         topology = topology or StackTopology.demo()
-        taken: set[int] = set()
-
-        def fresh() -> int:
-            """A free port not handed out before (the OS may offer a just-released port again)."""
-            while (p := free_port(host)) in taken:
-                pass
-            taken.add(p)
-            return p
-
-        def port(offset: int) -> tuple[int, int]:
-            if port_base == 0:
-                return fresh(), fresh()
-            return port_base + offset, port_base + offset + METRICS_OFFSET
-
-        def group(g: ModelGroup, first_offset: int, lettered: bool) -> list[ModelReplica]:
-            out = []
-            for i in range(g.replicas):
-                p, m = port(first_offset + 10 * i)
-                name = f"model-{g.subset}-{chr(ord('a') + i)}" if lettered else f"model-{g.subset}"
-                out.append(
-                    ModelReplica(name=name, subset=g.subset, pinned_versions=g.pinned_versions, port=p, metrics_port=m)
-                )
-            return out
-
-        replicas = group(topology.stable, 1, lettered=True)
-        if topology.canary is not None:
-            replicas += group(topology.canary, 10 * max(topology.stable.replicas, 2) + 1, topology.canary.replicas > 1)
-        gateways = []
-        count = topology.gateway.replicas
-        for i in range(count):
-            g, gm = port(10 * i)
-            if gateway_port is not None and i == 0:
-                g, gm = gateway_port, fresh() if port_base == 0 else gateway_port + METRICS_OFFSET
-            elif gateway_port is not None and port_base != 0:
-                g, gm = gateway_port + 10 * i, gateway_port + 10 * i + METRICS_OFFSET
-            name = "gateway" if count == 1 else f"gateway-{chr(ord('a') + i)}"
-            gateways.append(GatewayReplica(name=name, port=g, metrics_port=gm))
-        f, fm = port(2)
-        c, cm = port(3)
-        valkey_port = port(4)[0] if valkey else None
-        mesh_ports = {}
-        if mesh:
-            mesh_ports = {name: port(100 + i)[0] for i, name in enumerate(MESH_SERVICES)}
-            mesh_ports["ingress"] = port(80)[0]
-            if not admin_socket:
-                mesh_ports["admin"] = port(1901)[0]
-        socket_path = None
-        if mesh and admin_socket:
-            if log_dir is None:
-                raise ValueError("Envoy's admin socket lives in the log dir: give log_dir")
-            socket_path = log_dir.resolve() / "mesh" / "admin.sock"
-            if len(os.fsencode(socket_path)) > UNIX_PATH_MAX:
-                raise ValueError(
-                    f"Envoy's admin socket {socket_path} is longer than a Unix socket path may be "
-                    f"({UNIX_PATH_MAX} bytes); choose a shorter --log-dir"
-                )
-        traces_port = traces_ui_port = traces_recording_port = None
-        if traces:
-            traces_port = 4317 if port_base == 8000 else port(90)[0]
-            traces_ui_port = port(91)[0]
-            if tracing_mode == "retroactive":
-                traces_recording_port = port(92)[0]
+        replicas = model_replicas(topology, ports)
+        gateways = gateway_replicas(topology.gateway.replicas, ports, gateway_port)
+        feature_port, feature_metrics_port = ports.pair(2)
+        cache_port, cache_metrics_port = ports.pair(3)
+        valkey_port = ports.one(4) if valkey else None
+        listen = mesh_ports(ports, admin_socket) if mesh else {}
+        traces_port, traces_ui_port, traces_recording_port = trace_ports(ports, tracing_mode) if traces else NO_TRACES
         layout = cls(
             traces_port=traces_port,
             traces_ui_port=traces_ui_port,
@@ -184,16 +129,16 @@ class StackLayout(BaseModel):
             tracing_mode=tracing_mode,
             mesh=mesh,
             insecure=insecure,
-            ingress_port=mesh_ports.pop("ingress", 8080),
-            admin_port=mesh_ports.pop("admin", 9901),
-            admin_socket=socket_path,
-            listen_ports=mesh_ports,
+            ingress_port=listen.pop("ingress", 8080),
+            admin_port=listen.pop("admin", 9901),
+            admin_socket=admin_socket_path(log_dir) if mesh and admin_socket else None,
+            listen_ports=listen,
             host=host,
             gateways=gateways,
-            feature_port=f,
-            feature_metrics_port=fm,
-            cache_port=c,
-            cache_metrics_port=cm,
+            feature_port=feature_port,
+            feature_metrics_port=feature_metrics_port,
+            cache_port=cache_port,
+            cache_metrics_port=cache_metrics_port,
             valkey_port=valkey_port,
             replicas=replicas,
             models_dir=(models_dir or default_models_dir()).resolve(),
@@ -271,58 +216,74 @@ def default_models_dir() -> Path:
     return here if here.is_dir() else ROOT / "models"
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+def model_replicas(topology: StackTopology, ports: PortAllocator) -> list[ModelReplica]:
+    """The model service's replicas: the stable group's from offset 1 (lettered: model-v1-a, model-v1-b, ...), then the
+    canary's after at least two stable slots (lettered when there are several)."""
+    replicas = replica_group(topology.stable, ports, 1, lettered=True)
+    if topology.canary is not None:
+        first = 10 * max(topology.stable.replicas, 2) + 1
+        replicas += replica_group(topology.canary, ports, first, lettered=topology.canary.replicas > 1)
+    return replicas
 
 
-def port_in_use(host: str, port: int) -> bool:
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return True
-        return False
-
-
-def mesh_topology(layout: StackLayout, secrets: StackSecrets | None = None) -> MeshTopology:
-    """The mesh's view of the stack: each service's endpoints with their subset labels, listeners, ingress, admin;
-    unless the layout is insecure, the ingress's TLS certificate and the JWKS of the stack's signing key (from
-    `secrets`, which a secure layout needs)."""
-    from services.mesh import MeshEndpoint, MeshService, MeshTopology
-
-    t = layout
-    endpoints = {
-        "gateway": [(g.port, "v1") for g in t.gateways],
-        "model": [(r.port, r.subset) for r in t.replicas],
-        "feature": [(t.feature_port, "v1")],
-        "cache": [(t.cache_port, "v1")],
-    }
-    security: dict[str, object] = {"authenticate": False, "ingress_tls": None}
-    if not t.insecure:
-        from services.common.tokens import LOCAL_ISSUER
-        from services.mesh.topology import IngressTls
-
-        if secrets is None:
-            raise ValueError("a secure ingress needs the stack's secrets (its certificate and JWKS)")
-        security = {
-            "authenticate": True,
-            "ingress_tls": IngressTls(cert_chain=secrets.ingress_cert, private_key=secrets.ingress_key),
-            "jwks": {LOCAL_ISSUER: secrets.jwks()},
-        }
-    return MeshTopology(
-        services={
-            name: MeshService(
-                listen=t.address(t.listen_ports[name]),
-                replicas=[MeshEndpoint(address=t.address(p), labels={"version": v}) for p, v in ports],
+def replica_group(group: ModelGroup, ports: PortAllocator, first_offset: int, lettered: bool) -> list[ModelReplica]:
+    """One group's replicas, ten ports apart from `first_offset`."""
+    out = []
+    for i in range(group.replicas):
+        port, metrics_port = ports.pair(first_offset + 10 * i)
+        name = f"model-{group.subset}-{chr(ord('a') + i)}" if lettered else f"model-{group.subset}"
+        out.append(
+            ModelReplica(
+                name=name,
+                subset=group.subset,
+                pinned_versions=group.pinned_versions,
+                port=port,
+                metrics_port=metrics_port,
             )
-            for name, ports in endpoints.items()
-        },
-        ingress=t.address(t.ingress_port),
-        admin=t.admin,
-        otlp=t.address(t.traces_port) if t.traces_port else None,
-        access_log=t.tracing_mode == "retroactive",
-        **security,
-    )
+        )
+    return out
+
+
+def gateway_replicas(count: int, ports: PortAllocator, gateway_port: int | None = None) -> list[GatewayReplica]:
+    """The gateway's replicas, ten ports apart (named gateway-a, gateway-b, ... when there are several); the first on
+    `gateway_port` when given, and with fixed ports the others after it."""
+    out = []
+    for i in range(count):
+        if gateway_port is None or (i > 0 and ports.free):
+            port, metrics_port = ports.pair(10 * i)
+        elif ports.free:
+            port, metrics_port = gateway_port, ports.fresh()
+        else:
+            port, metrics_port = gateway_port + 10 * i, gateway_port + 10 * i + METRICS_OFFSET
+        name = "gateway" if count == 1 else f"gateway-{chr(ord('a') + i)}"
+        out.append(GatewayReplica(name=name, port=port, metrics_port=metrics_port))
+    return out
+
+
+def mesh_ports(ports: PortAllocator, admin_socket: bool) -> dict[str, int]:
+    """Envoy's ports: the outbound listener of each service, the ingress, and its admin unless on a socket."""
+    out = {name: ports.one(100 + i) for i, name in enumerate(MESH_SERVICES)}
+    out["ingress"] = ports.one(80)
+    if not admin_socket:
+        out["admin"] = ports.one(1901)
+    return out
+
+
+def admin_socket_path(log_dir: Path | None) -> Path:
+    """`<log_dir>/mesh/admin.sock`, refused when it is longer than a Unix socket path may be."""
+    if log_dir is None:
+        raise ValueError("Envoy's admin socket lives in the log dir: give log_dir")
+    path = log_dir.resolve() / MESH_DIR / "admin.sock"
+    if len(os.fsencode(path)) > UNIX_PATH_MAX:
+        raise ValueError(
+            f"Envoy's admin socket {path} is longer than a Unix socket path may be "
+            f"({UNIX_PATH_MAX} bytes); choose a shorter --log-dir"
+        )
+    return path
+
+
+def trace_ports(ports: PortAllocator, tracing_mode: str) -> tuple[int, int, int | None]:
+    """The trace store's ports: its OTLP receiver (4317 with the default base), its UI, and in retroactive mode where
+    it serves Envoy's access log records."""
+    otlp = 4317 if ports.base == 8000 else ports.one(90)
+    return otlp, ports.one(91), ports.one(92) if tracing_mode == "retroactive" else None

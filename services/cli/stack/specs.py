@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import BaseModel, Field, SecretStr
 
 from services.cache.settings import CacheSettings
-from services.cli.stack.layout import StackLayout, port_in_use
+from services.cli.stack.layout import StackLayout
+from services.cli.stack.ports import port_in_use
 from services.common.recording.settings import RecordingSettings
 from services.common.settings import ServiceSettings
 from services.feature.settings import FeatureSettings
@@ -50,7 +51,7 @@ class ProcessSpec(BaseModel):
 # EventEngine poller, one of its workers, then grpc.aio's completion-queue poller) before it reaches the event loop;
 # grpc's iomgr endpoints, which these experiments switch back to, read it on the completion-queue poller itself. Each
 # of a lone request's hops wakes those threads cold, so through the whole stack this took 6-12% off the c=1 p50 in
-# four side-by-side runs (bench/README, issue 14). A GRPC_EXPERIMENTS the caller sets is left as it is.
+# four side-by-side runs (bench/README). A GRPC_EXPERIMENTS the caller sets is left as it is.
 GRPC_EXPERIMENTS = "-event_engine_client,-event_engine_listener,-event_engine_for_all_other_endpoints"
 
 
@@ -180,22 +181,41 @@ def build_specs(
     t = layout
     if t.mesh and envoy_command is None:
         raise ValueError("the mesh needs Envoy's command (services.mesh.LocalMesh(...).envoy.command)")
-    specs: list[ProcessSpec] = []
-    tracing: dict[str, str] = {}
-    traced: list[str] = []
-    if t.traces_port:
-        specs.append(traces_spec(t))
-        traced = ["traces"]
-        tracing = {
-            "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://{t.address(t.traces_port)}",
-            "OTEL_EXPORTER_OTLP_INSECURE": "true",
-            "OTEL_BSP_SCHEDULE_DELAY": "500",  # spans reach the store within a second (SDK default: 5 s)
-            **recording_env(t),
-        }
-    redis_deps: list[str] = []
+    specs: list[ProcessSpec] = [traces_spec(t)] if t.traces_port else []
+    traced = [s.name for s in specs]
+    tracing = tracing_env(t)
     if t.valkey_port is not None:
         specs.append(valkey_spec(t, secrets.valkey_password() if secrets is not None else ""))
-        redis_deps = ["valkey"]
+    redis_deps = ["valkey"] if t.valkey_port is not None else []
+    specs += model_specs(t, tracing, secrets, depends_on=traced)
+    specs += redis_user_specs(t, redis_url, tracing, secrets, depends_on=[*traced, *redis_deps])
+    if t.mesh and envoy_command is not None:
+        envoy = envoy_spec(t, envoy_command)
+        envoy.depends_on = [s.name for s in specs]
+        specs.append(envoy)
+    specs += gateway_specs(t, tracing, secrets, depends_on=[s.name for s in specs])
+    return specs
+
+
+def tracing_env(layout: StackLayout) -> dict[str, str]:
+    """What every service gets to export spans to the stack's trace store (nothing without one)."""
+    t = layout
+    if not t.traces_port:
+        return {}
+    return {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://{t.address(t.traces_port)}",
+        "OTEL_EXPORTER_OTLP_INSECURE": "true",
+        "OTEL_BSP_SCHEDULE_DELAY": "500",  # spans reach the store within a second (SDK default: 5 s)
+        **recording_env(t),
+    }
+
+
+def model_specs(
+    layout: StackLayout, tracing: dict[str, str], secrets: StackSecrets | None, depends_on: list[str]
+) -> list[ProcessSpec]:
+    """One spec per model replica: its subset's pinned versions, the cores shared among the replicas."""
+    t = layout
+    specs = []
     for r in t.replicas:
         spec = service_spec(
             "model",
@@ -210,8 +230,21 @@ def build_specs(
             torch_threads=torch_threads(len(t.replicas)),
         )
         spec.role = f"model {r.subset} " + ", ".join(f"{m}:{v}" for m, v in r.pinned_versions.items())
-        spec.depends_on = list(traced)
+        spec.depends_on = list(depends_on)
         specs.append(spec)
+    return specs
+
+
+def redis_user_specs(
+    layout: StackLayout,
+    redis_url: str,
+    tracing: dict[str, str],
+    secrets: StackSecrets | None,
+    depends_on: list[str],
+) -> list[ProcessSpec]:
+    """The feature and cache services, which keep their state in Redis at `redis_url`."""
+    t = layout
+    specs = []
     for name, port, metrics_port, role in (
         ("feature", t.feature_port, t.feature_metrics_port, "online features"),
         ("cache", t.cache_port, t.cache_metrics_port, "response cache"),
@@ -220,14 +253,18 @@ def build_specs(
             name, name, t, port, metrics_port, tracing, secret_settings(name, secrets), redis_url=redis_url
         )
         spec.role = role
-        spec.depends_on = [*traced, *redis_deps]
+        spec.depends_on = list(depends_on)
         specs.append(spec)
-    if t.mesh and envoy_command is not None:
-        envoy = envoy_spec(t, envoy_command)
-        envoy.depends_on = [s.name for s in specs]
-        specs.append(envoy)
+    return specs
+
+
+def gateway_specs(
+    layout: StackLayout, tracing: dict[str, str], secrets: StackSecrets | None, depends_on: list[str]
+) -> list[ProcessSpec]:
+    """One spec per gateway replica, its upstreams the mesh's listeners (or the services themselves without it)."""
+    t = layout
     pipelines = {"pipelines_dir": t.pipelines_dir} if t.pipelines_dir is not None else {}
-    below = [s.name for s in specs]
+    specs = []
     for g in t.gateways:
         gateway = service_spec(
             "gateway",
@@ -243,7 +280,7 @@ def build_specs(
             **pipelines,
         )
         gateway.role = "pipelines as v2 models (cache, features, model)"
-        gateway.depends_on = list(below)
+        gateway.depends_on = list(depends_on)
         specs.append(gateway)
     return specs
 

@@ -8,7 +8,9 @@ import contextlib
 import json
 import re
 import signal
+import time
 from collections.abc import Coroutine
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -16,12 +18,11 @@ from rich.console import Console
 from rich.table import Table
 
 from services.cli.connect import STATE_FILE, Endpoint
-from services.cli.stack.layout import StackLayout, mesh_topology
+from services.cli.stack.credentials import StackSecrets
+from services.cli.stack.layout import MESH_DIR, StackLayout
+from services.cli.stack.mesh import render_mesh, wait_in_rotation
 from services.cli.stack.specs import ProcessSpec, build_specs, busy_ports
 from services.cli.stack.supervisor import BackoffPolicy, StackError, Supervisor, grpc_health
-from services.cli.stack.credentials import StackSecrets
-
-MESH_DIR = "mesh"  # under the log dir: Envoy's rendered config (LocalMesh.attach(log_dir / MESH_DIR))
 
 
 def redact(url: str) -> str:
@@ -84,6 +85,39 @@ def write_state(
     tmp.replace(path)
 
 
+@dataclass
+class StackRun:
+    """One run of `meshserve up`: what its steps share, from the secrets to the supervisor."""
+
+    layout: StackLayout
+    log_dir: Path
+    console: Console
+    secrets: StackSecrets
+    stop: asyncio.Event
+    redis_url: str = ""
+    specs: list[ProcessSpec] = field(default_factory=list)
+    supervisor: Supervisor | None = None
+
+    @property
+    def state_path(self) -> Path:
+        return self.log_dir / STATE_FILE
+
+    def notify(self, message: str) -> None:
+        self.console.print(f"[dim]{time.strftime('%H:%M:%S')}[/] {message}", highlight=False, soft_wrap=True)
+
+    def save_state(self) -> None:
+        assert self.supervisor is not None
+        write_state(self.state_path, self.layout, self.specs, self.redis_url, self.supervisor, self.secrets)
+
+    async def until_stopped(self, work: Coroutine[Any, Any, None]) -> bool:
+        """Run `work` unless a signal comes first; False when it was interrupted or failed (and says why)."""
+        return await _until_stopped(work, self.stop, self.console)
+
+    def exit_code(self) -> int:
+        """0 when a signal interrupted a step (a clean stop), 1 when the step failed."""
+        return 0 if self.stop.is_set() else 1
+
+
 async def run_stack(
     layout: StackLayout,
     log_dir: Path,
@@ -103,83 +137,113 @@ async def run_stack(
 
     Raises services.mesh.MeshConfigError when `istio/` cannot be rendered for the mesh.
     """
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    stop = stop_on_signals()
     log_dir.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 (once, at start-up)
-    state_path = log_dir / STATE_FILE
     secrets = StackSecrets.ensure(log_dir, hosts=[layout.host])
     envoy_command = render_mesh(layout, log_dir / MESH_DIR, secrets) if layout.mesh else None
-
-    def notify(message: str) -> None:
-        console.print(f"[dim]{_now()}[/] {message}", highlight=False, soft_wrap=True)
-
-    supervisor: Supervisor | None = None
+    run = StackRun(layout, log_dir, console, secrets, stop)
     try:
-        if layout.valkey_port is not None:
-            from services.common.embedded import redis_url as valkey_url
-            from services.common.embedded import write_valkey_config
-
-            password = secrets.valkey_password()
-            write_valkey_config(layout.valkey_config, layout.host, layout.valkey_port, password)
-            redis_url = valkey_url(layout.host, layout.valkey_port, password)
-        if redis_url is None:
-            raise ValueError("an external Redis needs its URL (or give the layout a Valkey port)")
-        specs = build_specs(layout, redis_url, envoy_command, secrets)
-        busy = busy_ports(layout, specs)
+        run.redis_url = stack_redis_url(layout, secrets, redis_url)
+        run.specs = build_specs(layout, run.redis_url, envoy_command, secrets)
+        busy = busy_ports(layout, run.specs)
         if busy:
             console.print(f"[red]ports in use[/]: {'; '.join(busy)} (choose others with --port-base)")
             return 1
-        url = redis_url
-
-        def on_spawn(_: object) -> None:  # a restart changes a pid: keep stack.json current
-            if state_path.exists():
-                write_state(state_path, layout, specs, url, sup, secrets)
-
-        sup = supervisor = Supervisor(specs, log_dir, policy, notify, stop_timeout_s=stop_timeout_s, on_spawn=on_spawn)
-        console.print(ports_table(specs, redis_url))
-        console.print(f"logs: {log_dir}/<service>.log; secrets: {secrets.dir}")
-        if not await _until_stopped(supervisor.start(start_timeout_s), stop, console):
-            return 0 if stop.is_set() else 1
-        endpoint = Endpoint(layout.address(layout.gateway_port))
-        if layout.mesh:
-            secure = not layout.insecure
-            address = layout.address(layout.ingress_port)
-            endpoint = Endpoint(address, secrets.ca_pem(), secrets.mint("demo")) if secure else Endpoint(address)
-            if not await _until_stopped(wait_grpc_serving(endpoint, 30.0), stop, console):
-                return 0 if stop.is_set() else 1
-            if not await _until_stopped(wait_in_rotation(layout, 30.0), stop, console):
-                return 0 if stop.is_set() else 1
-            how = "TLS, JWT" if secure else "plaintext, no token"
-            notify(f"ingress {address} ({how}) reaches the gateway through Envoy")
-        write_state(state_path, layout, specs, redis_url, supervisor, secrets)
-        entry = endpoint.address
-        custom_dir = _custom_log_dir(log_dir)
-        console.print(
-            f"[green]stack is up[/]: {'ingress' if layout.mesh else 'gateway'} at {entry} "
-            f"(try `meshserve demo --address {entry}{_log_dir_flag(custom_dir)}`); Ctrl-C stops it",
-            highlight=False,
-            soft_wrap=True,
-        )
-        if (ui := trace_ui_url(layout)) is not None:
-            kept = (
-                "every request recorded; slow, failed, degraded and 1% kept"
-                if layout.tracing_mode == "retroactive"
-                else "head sampling"
-            )
-            console.print(f"trace UI at {ui} (search, waterfalls, hotspots; {kept})", highlight=False, soft_wrap=True)
+        run.supervisor = supervise(run, policy, stop_timeout_s)
+        if not await run.until_stopped(run.supervisor.start(start_timeout_s)):
+            return run.exit_code()
+        endpoint = await reach_entry(run)
+        if endpoint is None:
+            return run.exit_code()
+        run.save_state()
+        announce(run, endpoint)
         if demo_s > 0:
             ca = secrets.ca_cert if endpoint.tls else None
-            await _until_stopped(run_demo_and_explain(endpoint, demo_s, console, ca, custom_dir), stop, console)
+            await run.until_stopped(run_demo_and_explain(endpoint, demo_s, console, ca, _custom_log_dir(log_dir)))
         await stop.wait()
         return 0
     finally:
         console.print("stopping the stack ...")
-        if supervisor is not None:
-            await supervisor.stop()
-        state_path.unlink(missing_ok=True)
+        if run.supervisor is not None:
+            await run.supervisor.stop()
+        run.state_path.unlink(missing_ok=True)
         console.print("stopped")
+
+
+def stop_on_signals() -> asyncio.Event:
+    """An event that SIGINT or SIGTERM sets (the running loop's handlers)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    return stop
+
+
+def stack_redis_url(layout: StackLayout, secrets: StackSecrets, external: str | None) -> str:
+    """The Redis URL feature and cache get: the supervised Valkey's (its config written, with the secrets' password),
+    else the external `external`."""
+    if layout.valkey_port is None:
+        if external is None:
+            raise ValueError("an external Redis needs its URL (or give the layout a Valkey port)")
+        return external
+    from services.common.embedded import redis_url as valkey_url
+    from services.common.embedded import write_valkey_config
+
+    password = secrets.valkey_password()
+    write_valkey_config(layout.valkey_config, layout.host, layout.valkey_port, password)
+    return valkey_url(layout.host, layout.valkey_port, password)
+
+
+def supervise(run: StackRun, policy: BackoffPolicy | None, stop_timeout_s: float) -> Supervisor:
+    """The supervisor of the run's processes (stack.json kept current across restarts); prints the ports table."""
+
+    def on_spawn(_: object) -> None:  # a restart changes a pid: keep stack.json current
+        if run.state_path.exists():
+            run.save_state()
+
+    supervisor = Supervisor(
+        run.specs, run.log_dir, policy, run.notify, stop_timeout_s=stop_timeout_s, on_spawn=on_spawn
+    )
+    run.console.print(ports_table(run.specs, run.redis_url))
+    run.console.print(f"logs: {run.log_dir}/<service>.log; secrets: {run.secrets.dir}")
+    return supervisor
+
+
+async def reach_entry(run: StackRun) -> Endpoint | None:
+    """The stack's entry: the gateway, or with the mesh the ingress once it answers SERVING and Envoy counts every
+    replica healthy; None when a signal or a failure came first."""
+    layout = run.layout
+    if not layout.mesh:
+        return Endpoint(layout.address(layout.gateway_port))
+    secure = not layout.insecure
+    address = layout.address(layout.ingress_port)
+    endpoint = Endpoint(address, run.secrets.ca_pem(), run.secrets.mint("demo")) if secure else Endpoint(address)
+    if not await run.until_stopped(wait_grpc_serving(endpoint, 30.0)):
+        return None
+    if not await run.until_stopped(wait_in_rotation(layout, 30.0)):
+        return None
+    how = "TLS, JWT" if secure else "plaintext, no token"
+    run.notify(f"ingress {address} ({how}) reaches the gateway through Envoy")
+    return endpoint
+
+
+def announce(run: StackRun, endpoint: Endpoint) -> None:
+    """`stack is up` with the entry and the demo command, and where the trace UI is."""
+    layout, console = run.layout, run.console
+    entry = endpoint.address
+    console.print(
+        f"[green]stack is up[/]: {'ingress' if layout.mesh else 'gateway'} at {entry} "
+        f"(try `meshserve demo --address {entry}{_log_dir_flag(_custom_log_dir(run.log_dir))}`); Ctrl-C stops it",
+        highlight=False,
+        soft_wrap=True,
+    )
+    if (ui := trace_ui_url(layout)) is not None:
+        kept = (
+            "every request recorded; slow, failed, degraded and 1% kept"
+            if layout.tracing_mode == "retroactive"
+            else "head sampling"
+        )
+        console.print(f"trace UI at {ui} (search, waterfalls, hotspots; {kept})", highlight=False, soft_wrap=True)
 
 
 def _custom_log_dir(log_dir: Path) -> Path | None:
@@ -239,15 +303,6 @@ def trace_ui_url(layout: StackLayout) -> str | None:
     return f"http://{layout.address(layout.traces_ui_port)}/"
 
 
-def render_mesh(layout: StackLayout, workdir: Path, secrets: StackSecrets | None = None) -> list[str]:
-    """Render Envoy's configuration from istio/ for the stack into `workdir`; Envoy's command line."""
-    from services.mesh import LocalMesh
-
-    mesh = LocalMesh(mesh_topology(layout, secrets), layout.istio_paths, workdir)
-    mesh.render()
-    return mesh.envoy.command
-
-
 async def wait_grpc_serving(endpoint: Endpoint, timeout_s: float) -> None:
     """Until the endpoint answers grpc.health.v1 SERVING; StackError after `timeout_s`."""
     loop = asyncio.get_running_loop()
@@ -256,48 +311,3 @@ async def wait_grpc_serving(endpoint: Endpoint, timeout_s: float) -> None:
         if loop.time() > deadline:
             raise StackError(f"{endpoint.address} not SERVING after {timeout_s:.0f}s")
         await asyncio.sleep(0.2)
-
-
-def endpoints(layout: StackLayout) -> dict[str, set[str]]:
-    """Per service of the mesh, the addresses of its replicas."""
-    t = layout
-    return {
-        "gateway": {t.address(g.port) for g in t.gateways},
-        "model": {t.address(r.port) for r in t.replicas},
-        "feature": {t.address(t.feature_port)},
-        "cache": {t.address(t.cache_port)},
-    }
-
-
-def out_of_rotation(admin_address: str, expected: dict[str, set[str]]) -> list[str]:
-    """'service address' of every replica that Envoy's active health checks do not (yet) count healthy."""
-    from services.mesh.admin import EnvoyAdmin
-    from services.mesh.hosts import cluster_name
-
-    admin = EnvoyAdmin(admin_address)
-    out = []
-    for service, addresses in expected.items():
-        try:
-            hosts = admin.hosts(cluster_name(service, None))
-        except OSError:
-            hosts = {}
-        out += [f"{service} {a}" for a in sorted(addresses) if hosts.get(a, {}).get("health_flags") != "healthy"]
-    return out
-
-
-async def wait_in_rotation(layout: StackLayout, timeout_s: float) -> None:
-    """Until Envoy counts every replica of every service healthy, so that the ingress and the gateway's calls
-    spread over all of them from the first request; StackError naming the others after `timeout_s`."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    expected = endpoints(layout)
-    while missing := await asyncio.to_thread(out_of_rotation, layout.admin, expected):
-        if loop.time() > deadline:
-            raise StackError(f"not in Envoy's rotation after {timeout_s:.0f}s: {', '.join(missing)}")
-        await asyncio.sleep(0.2)
-
-
-def _now() -> str:
-    import time
-
-    return time.strftime("%H:%M:%S")

