@@ -11,7 +11,7 @@ from pydantic import BaseModel, Field, SecretStr
 from services.cache.settings import CacheSettings
 from services.cli.stack.layout import StackLayout
 from services.cli.stack.ports import port_in_use
-from services.common.recording.settings import RecordingSettings
+from services.common.recording import RecordingSettings
 from services.common.settings import ServiceSettings
 from services.feature.settings import FeatureSettings
 from services.gateway.settings import GatewaySettings
