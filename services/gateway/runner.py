@@ -282,6 +282,8 @@ class PipelineRunner:
     async def _compute(
         self, inputs: Mapping[str, np.ndarray], digest: bytes, rows: int, deadline: Deadline, headers: Headers
     ) -> Answer:
+        """The answer to one request: the cache's, else the model's on the request's features (or, when a call
+        fails, the first remedy's that can answer)."""
         t0 = time.perf_counter()
         stages: dict[str, float] = {}
         shared: dict[str, int] = {}  # stage -> requests its batched call served
@@ -308,38 +310,67 @@ class PipelineRunner:
             tensors[self.spec.features.output] = ("FP32", [rows, matrix.columns], matrix.features)
             features_degraded = matrix.degraded_rows
         if self.spec.preprocess or self.spec.features is None:
-            start = time.perf_counter()
-            arrays = dict(inputs)
-            self._preprocess(arrays)
-            for name in self.model_inputs.values():
-                if name not in tensors:
-                    tensors[name] = encode_raw(arrays[name])
-            stages["preprocess"] = (time.perf_counter() - start) * 1e3
+            self._encode_inputs(inputs, tensors, stages)
 
+        outcome = await self._call_model(tensors, stale, rows, deadline, headers, stages, shared)
+        if isinstance(outcome, Answer):  # the model call failed and a remedy answered
+            return self._finish(outcome, stages, t0, shared)
+        answer = self._model_answer(outcome, rows, features_degraded, digest, headers, generation)
+        return self._finish(answer, stages, t0, shared)
+
+    def _encode_inputs(
+        self, inputs: Mapping[str, np.ndarray], tensors: dict[str, Wire], stages: dict[str, float]
+    ) -> None:
+        """The model inputs the features did not compute: the request's own, preprocessed, in wire form."""
+        start = time.perf_counter()
+        arrays = dict(inputs)
+        self._preprocess(arrays)
+        for name in self.model_inputs.values():
+            if name not in tensors:
+                tensors[name] = encode_raw(arrays[name])
+        stages["preprocess"] = (time.perf_counter() - start) * 1e3
+
+    async def _call_model(
+        self,
+        tensors: Mapping[str, Wire],
+        stale: CachedValue | None,
+        rows: int,
+        deadline: Deadline,
+        headers: Headers,
+        stages: dict[str, float],
+        shared: dict[str, int],
+    ) -> InferResult | Answer:
+        """The pipeline model's result; when the call fails in a way the policy answers for, the remedy's answer
+        (a model refusing the features the feature service computed is the features' failure)."""
         model = self.spec.model
         start = time.perf_counter()
         try:
             result = await self._model(model.name, model.version, tensors, deadline, headers, shared)
         except Failure as failure:
             stages["model"] = (time.perf_counter() - start) * 1e3
-            answer = await self._degrade_model(failure, stale, rows, tensors, deadline, headers)
-            return self._finish(answer, stages, t0, shared)
+            return await self._degrade_model(failure, stale, rows, tensors, deadline, headers)
         except MeshserveError as exc:
             if not (self._fed_by_features and exc.code == grpc.StatusCode.INVALID_ARGUMENT):
                 raise
             stages["model"] = (time.perf_counter() - start) * 1e3
             metrics.MODEL_FAILURES.labels(self.spec.name, FEATURES_INVALID).inc()
-            answer = await self._degrade_features(Failure(FEATURES_INVALID, exc), stale, rows)
-            return self._finish(answer, stages, t0, shared)
+            return await self._degrade_features(Failure(FEATURES_INVALID, exc), stale, rows)
         stages["model"] = (time.perf_counter() - start) * 1e3
+        return result
+
+    def _model_answer(
+        self, result: InferResult, rows: int, features_degraded: int, digest: bytes, headers: Headers, generation: int
+    ) -> Answer:
+        """The model's answer: marked when some rows were computed on default aggregates, else cached (the store
+        goes off the critical path)."""
         answer = Answer(self._outputs(result), result.model_version, "miss")
         if features_degraded:
             answer.degraded = "features_degraded"
             answer.degraded_detail = f"{features_degraded} of {rows} rows used default aggregates"
         elif self.spec.cache.enabled:
-            key = versioned_key(self.spec.name, model.name, result.model_version, digest)
+            key = versioned_key(self.spec.name, self.spec.model.name, result.model_version, digest)
             self._store_later(key, answer, headers, generation)
-        return self._finish(answer, stages, t0, shared)
+        return answer
 
     # -- degradation ---------------------------------------------------------------------------------------
 
