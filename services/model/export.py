@@ -386,19 +386,9 @@ def export_version(
     else:
         if not inputs or not outputs:
             raise ExportError(f"{existing} does not exist: give the inputs and the output names to write one")
-        specs = describe_outputs(module, inputs, outputs, max_batch_size)
-        document = {
-            "name": name,
-            "backend": "onnxruntime",
-            "max_batch_size": max_batch_size,
-            "inputs": [s.model_dump() for s in inputs],
-            "outputs": [s.model_dump() for s in specs],
-            **(extra_config or {}),
-        }
-        if int8_calibration is not None and int8_version:
-            document.setdefault("version_policy", {"all": {}})
-            document.setdefault("version_overrides", {int8_version: {"optimization": {"quantization": "int8"}}})
-        config = ModelConfig.model_validate(document)
+        config = _new_config(
+            module, name, inputs, outputs, max_batch_size, int8_calibration, int8_version, extra_config
+        )
     path = export_onnx(module, config, folder / str(version) / ONNX_FILE)
     from services.model.backends.onnx_io import check_io, read_onnx
 
@@ -413,25 +403,65 @@ def export_version(
     int8_path = int8_check = None
     if int8_calibration is not None:
         target = folder / str(int8_version) / ONNX_FILE if int8_version else path.with_name("model.int8.onnx")
-        source = path
-        if target == path:  # the INT8 file takes the FP32 one's place: quantize from (and compare with) a copy
-            source = path.with_name(path.name + ".fp32.tmp")
-            path.replace(source)
-        try:
-            int8_path = quantize_int8(source, target, int8_calibration, int8_recipe)
-            fp32, int8 = onnx_session(source), onnx_session(int8_path)
-            names = [s.name for s in config.outputs]
-            int8_check = compare(
-                lambda batch: list(fp32.run(names, batch)),
-                lambda batch: list(int8.run(names, batch)),
-                config,
-                rows,
-                float("inf"),
-            )
-        finally:
-            if source != path:
-                source.unlink(missing_ok=True)
+        int8_path, int8_check = _export_int8(path, target, config, rows, int8_calibration, int8_recipe)
     return ExportReport(config_path, path, verification, int8_path, int8_check)
+
+
+def _new_config(
+    module: torch.nn.Module,
+    name: str,
+    inputs: list[TensorSpec],
+    outputs: Sequence[str],
+    max_batch_size: int,
+    int8_calibration: dict[str, np.ndarray] | None,
+    int8_version: int | None,
+    extra_config: dict[str, Any] | None,
+) -> ModelConfig:
+    """The config of a model that has none yet: `inputs`, the module's `outputs` (their datatypes and dims asked of
+    the module), backend onnxruntime, and with an INT8 version of its own, that version's quantization."""
+    specs = describe_outputs(module, inputs, outputs, max_batch_size)
+    document = {
+        "name": name,
+        "backend": "onnxruntime",
+        "max_batch_size": max_batch_size,
+        "inputs": [s.model_dump() for s in inputs],
+        "outputs": [s.model_dump() for s in specs],
+        **(extra_config or {}),
+    }
+    if int8_calibration is not None and int8_version:
+        document.setdefault("version_policy", {"all": {}})
+        document.setdefault("version_overrides", {int8_version: {"optimization": {"quantization": "int8"}}})
+    return ModelConfig.model_validate(document)
+
+
+def _export_int8(
+    path: Path,
+    target: Path,
+    config: ModelConfig,
+    rows: dict[str, np.ndarray],
+    calibration: dict[str, np.ndarray],
+    recipe: Int8Recipe,
+) -> tuple[Path, Verification]:
+    """The INT8 file quantized from the FP32 one at `path`, written to `target`, and how it compares with it."""
+    source = path
+    if target == path:  # the INT8 file takes the FP32 one's place: quantize from (and compare with) a copy
+        source = path.with_name(path.name + ".fp32.tmp")
+        path.replace(source)
+    try:
+        int8_path = quantize_int8(source, target, calibration, recipe)
+        fp32, int8 = onnx_session(source), onnx_session(int8_path)
+        names = [s.name for s in config.outputs]
+        check = compare(
+            lambda batch: list(fp32.run(names, batch)),
+            lambda batch: list(int8.run(names, batch)),
+            config,
+            rows,
+            float("inf"),
+        )
+    finally:
+        if source != path:
+            source.unlink(missing_ok=True)
+    return int8_path, check
 
 
 def load_factory(target: str) -> torch.nn.Module:
