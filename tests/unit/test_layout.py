@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import ast
 import importlib
+import io
+import re
+import tokenize
 from pathlib import Path
 
 import pytest
@@ -88,3 +91,77 @@ def test_every_service_module_is_imported_by_a_test() -> None:
         imported |= imported_modules(path)
     missing = [m for m in service_modules() if m not in imported]
     assert not missing, "no test imports: " + ", ".join(missing)
+
+
+# Gateway modules that may import the generated protobuf modules: the servicer and its converters, the cached
+# form of an answer (its bytes are a serialized ModelInferResponse that every gateway replica reads, see
+# services/gateway/cache_converters.py), forwarding (v2 messages passed through unchanged), the clients of the
+# other services (upstream) and `__main__`, which registers the servicer with the server.
+GATEWAY_PROTOBUF_ROOMS = {"servicer", "converters", "cache_converters", "forwarding", "upstream", "__main__"}
+
+
+def test_no_gateway_module_below_the_servicer_imports_protobuf() -> None:
+    offenders = []
+    for path in sorted((SERVICES / "gateway").rglob("*.py")):
+        if path.stem in GATEWAY_PROTOBUF_ROOMS:
+            continue
+        protos = sorted(m for m in imported_modules(path) if m.startswith("services.protos"))
+        if protos:
+            offenders.append(f"{path.relative_to(ROOT)} imports {protos}")
+    assert not offenders, "\n".join(offenders) + "\nconvert in converters.py and hand domain types on"
+
+
+# A comment or docstring says why, in words: a dated measurement belongs in bench/README.md (with a pointer left
+# in the code where the reason matters), and an issue number is something a reader of the repository cannot open.
+DATED = re.compile(r"\b20\d\d-\d\d-\d\d\b")
+ISSUE = re.compile(r"\bissue\s*#?\d+", re.IGNORECASE)
+
+
+def comments_and_docstrings(path: Path) -> list[tuple[int, str]]:
+    """(line, text) of every comment and of every module, class and function docstring of a file."""
+    source = path.read_text()
+    found = [
+        (token.start[0], token.string)
+        for token in tokenize.generate_tokens(io.StringIO(source).readline)
+        if token.type == tokenize.COMMENT
+    ]
+    for node in ast.walk(ast.parse(source, str(path))):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            docstring = ast.get_docstring(node, clean=False)
+            if docstring is not None:
+                found.append((node.body[0].lineno, docstring))
+    return found
+
+
+def test_no_dated_figure_and_no_issue_number_in_a_comment() -> None:
+    offenders = []
+    for path in sorted(SERVICES.rglob("*.py")):
+        if "protos" in path.parts:
+            continue
+        for line, text in comments_and_docstrings(path):
+            for pattern in (DATED, ISSUE):
+                match = pattern.search(text)
+                if match:
+                    at = line + text[: match.start()].count("\n")
+                    offenders.append(f"{path.relative_to(ROOT)}:{at}: {match.group()!r}")
+    assert not offenders, "\n".join(offenders)
+
+
+# A function longer than this (from its `def` line to its last line; decorators not counted) is split into named
+# steps, unless its docstring says why it is not, with these words: "Long because ...".
+MAX_FUNCTION_LINES = 60
+LONG_BECAUSE = "Long because"
+
+
+def test_no_function_is_longer_than_60_lines_unless_its_docstring_says_why() -> None:
+    offenders = []
+    for path in sorted(SERVICES.rglob("*.py")):
+        if "protos" in path.parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            lines = (node.end_lineno or node.lineno) - node.lineno + 1
+            if lines > MAX_FUNCTION_LINES and LONG_BECAUSE not in (ast.get_docstring(node) or ""):
+                offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.name} has {lines} lines")
+    assert not offenders, "\n".join(offenders)
