@@ -175,6 +175,7 @@ async def grpc_lookups(url: str, iterations: int) -> list[tuple[str, int, float,
 
 
 async def run(iterations: int, requests: int, command: str) -> list[dict[str, Any]]:
+    """Every measurement on one embedded Valkey, then both tables; every figure."""
     server = ValkeyServer()
     server.start()
     try:
@@ -184,7 +185,11 @@ async def run(iterations: int, requests: int, command: str) -> list[dict[str, An
         zipf = await zipf_stream(url, requests)
     finally:
         server.stop()
+    return latency_table(rows, iterations, command) + zipf_table(zipf, requests, command)
 
+
+def latency_table(rows: list[tuple[str, int, float, float]], iterations: int, command: str) -> list[dict[str, Any]]:
+    """Each lookup path at each batch size against the redis-py floor of the same batch."""
     floors = {batch: p50 for name, batch, p50, _ in rows if name.startswith("redis-py")}
     figures = []
     table = []
@@ -199,6 +204,11 @@ async def run(iterations: int, requests: int, command: str) -> list[dict[str, An
         table,
         title=f"cache lookup latency ({iterations} sequential lookups each; floor = direct redis-py GET/MGET)",
     )
+    return figures
+
+
+def zipf_table(zipf: dict[str, float], requests: int, command: str) -> list[dict[str, Any]]:
+    """The hit ratios of the Zipf stream, and what deriving a key costs."""
     zipf_rows = [
         ("L1 hit ratio (L1 = 10% of distinct)", zipf["l1_hit_ratio"]),
         ("hit ratio, L1 + Redis", zipf["hit_ratio"]),
@@ -212,12 +222,11 @@ async def run(iterations: int, requests: int, command: str) -> list[dict[str, An
         title=f"Zipf({ZIPF_S}): {requests} requests over {DISTINCT} distinct, last {int(zipf['counted'])} counted",
     )
     versus = f"Zipf({ZIPF_S}) over {DISTINCT} distinct requests, {requests} requests, L1 sized for 10%"
-    figures += [
+    return [
         results.figure(f"{PREFIX}.zipf.l1_hit_ratio", zipf["l1_hit_ratio"], "ratio", versus, command),
         results.figure(f"{PREFIX}.zipf.hit_ratio", zipf["hit_ratio"], "ratio", versus, command),
         results.figure(f"{PREFIX}.key_derivation", zipf["key_us"], "us", "blake2b-128 of a 1x30 FP32 request", command),
     ]
-    return figures
 
 
 def main(argv: list[str] | None = None) -> int:

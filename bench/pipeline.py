@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import statistics
@@ -139,13 +140,24 @@ def main() -> None:
     parser.add_argument("--pool", type=int, default=2000, help="distinct transactions in the Zipf stream")
     parser.add_argument("--no-perf-analyzer", action="store_true", help="skip the perf_analyzer cache on/off rows")
     args = parser.parse_args()
-    py = [os.environ.get("PYTHON", str(ROOT / ".venv" / "bin" / "python")), "-m"]
-    quiet = {"OTEL_SDK_DISABLED": "true", "PYTHONUNBUFFERED": "1"}
     valkey = ValkeyServer(port=free_port())
     valkey.start()
     t0 = int(time.time()) - 7200
     names = ("model", "feature", "cache", "gw_on", "gw_off", "gw_unbatched", "gw_on_metrics", "gw_batch_metrics")
     ports = {name: free_port() for name in names}
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
+        start_services(stack, ports, valkey.connection_url, Path(tmp))
+        results = asyncio.run(measure(args, t0, ports))
+        perf = perf_analyzer_zipf(args, t0, ports) if not args.no_perf_analyzer else {}
+    valkey.stop()
+    report(results, args, perf)
+
+
+def start_services(stack: contextlib.ExitStack, ports: dict[str, int], redis_url: str, tmp: Path) -> None:
+    """The model, feature and cache services, and three gateways beside each other on them: the pipeline's cache on
+    (its /metrics on `gw_on_metrics`), its cache off, its micro-batching off."""
+    py = [os.environ.get("PYTHON", str(ROOT / ".venv" / "bin" / "python")), "-m"]
+    quiet = {"OTEL_SDK_DISABLED": "true", "PYTHONUNBUFFERED": "1"}
 
     def env(svc: str, port: int, **extra: str) -> dict[str, str]:
         prefix = f"MESHSERVE_{svc.upper()}_"
@@ -154,43 +166,27 @@ def main() -> None:
             f"{prefix}PORT": str(port),
             f"{prefix}METRICS_PORT": "0",
             f"{prefix}HOST": "127.0.0.1",
-            "MESHSERVE_REDIS_URL": valkey.connection_url,
+            "MESHSERVE_REDIS_URL": redis_url,
             **extra,
         }
 
     addresses = {
         f"MESHSERVE_GATEWAY_{s.upper()}_ADDRESS": f"127.0.0.1:{ports[s]}" for s in ("model", "feature", "cache")
     }
-    with tempfile.TemporaryDirectory() as tmp:
-        off_dir = changed_pipelines(Path(tmp) / "pipelines", cache={"enabled": False})
-        unbatched_dir = changed_pipelines(Path(tmp) / "unbatched", batching={"enabled": False})
-        with (
-            running("model", [*py, "services.model"], ports["model"], env("model", ports["model"])),
-            running("feature", [*py, "services.feature"], ports["feature"], env("feature", ports["feature"])),
-            running("cache", [*py, "services.cache"], ports["cache"], env("cache", ports["cache"])),
-            running(
-                "gateway cache on",
-                [*py, "services.gateway"],
-                ports["gw_on"],
-                env("gateway", ports["gw_on"], **addresses, MESHSERVE_GATEWAY_METRICS_PORT=str(ports["gw_on_metrics"])),
-            ),
-            running(
-                "gateway cache off",
-                [*py, "services.gateway"],
-                ports["gw_off"],
-                env("gateway", ports["gw_off"], **addresses, MESHSERVE_GATEWAY_PIPELINES_DIR=str(off_dir)),
-            ),
-            running(
-                "gateway micro-batching off",
-                [*py, "services.gateway"],
-                ports["gw_unbatched"],
-                env("gateway", ports["gw_unbatched"], **addresses, MESHSERVE_GATEWAY_PIPELINES_DIR=str(unbatched_dir)),
-            ),
-        ):
-            results = asyncio.run(measure(args, t0, ports))
-            perf = perf_analyzer_zipf(args, t0, ports) if not args.no_perf_analyzer else {}
-    valkey.stop()
-    report(results, args, perf)
+    off_dir = changed_pipelines(tmp / "pipelines", cache={"enabled": False})
+    unbatched_dir = changed_pipelines(tmp / "unbatched", batching={"enabled": False})
+    for service in ("model", "feature", "cache"):
+        stack.enter_context(
+            running(service, [*py, f"services.{service}"], ports[service], env(service, ports[service]))
+        )
+    gateways = {
+        "gw_on": ("gateway cache on", {"MESHSERVE_GATEWAY_METRICS_PORT": str(ports["gw_on_metrics"])}),
+        "gw_off": ("gateway cache off", {"MESHSERVE_GATEWAY_PIPELINES_DIR": str(off_dir)}),
+        "gw_unbatched": ("gateway micro-batching off", {"MESHSERVE_GATEWAY_PIPELINES_DIR": str(unbatched_dir)}),
+    }
+    for key, (name, extra) in gateways.items():
+        gateway_env = env("gateway", ports[key], **addresses, **extra)
+        stack.enter_context(running(name, [*py, "services.gateway"], ports[key], gateway_env))
 
 
 async def measure(args: argparse.Namespace, t0: int, ports: dict[str, int]) -> dict[tuple[str, int], Run]:
@@ -232,6 +228,18 @@ async def warm_cache(
 
 
 def report(results: dict[tuple[str, int], Run], args: argparse.Namespace, perf: dict[int, tuple]) -> None:
+    """Print every table; record every figure in bench/results/latest.json."""
+    figures = streams_table(results, args)
+    figures += zipf_table(results, args)
+    if perf:
+        figures += zipf_perf_analyzer_table(perf)
+    figures += batching_table(results, args)
+    figures += stage_table(results, args)
+    print(f"\nrecorded in {record(figures)}")
+
+
+def streams_table(results: dict[tuple[str, int], Run], args: argparse.Namespace) -> list[dict]:
+    """Each stream at each concurrency: req/s, p50, p99, cache hits, shed and failed calls."""
     figures = []
     rows = []
     for (stream, c), run in results.items():
@@ -247,12 +255,17 @@ def report(results: dict[tuple[str, int], Run], args: argparse.Namespace, perf: 
         ]
     title = f"fraud pipeline end to end through the gateway (closed loop, {args.seconds:.0f} s each)"
     print_table(["stream", "concurrency", "req/s", "p50 ms", "p99 ms", "cache hits", "shed", "errors"], rows, title)
+    return figures
 
-    ratio_rows = []
+
+def zipf_table(results: dict[tuple[str, int], Run], args: argparse.Namespace) -> list[dict]:
+    """The Zipf stream with the pipeline's cache on against off, from the Python client (target >= 3x)."""
+    figures = []
+    rows = []
     for c in args.concurrency:
         on, off = results[("zipf cache on", c)], results[("zipf cache off", c)]
         ratio = on.throughput / off.throughput if off.throughput else float("nan")
-        ratio_rows.append([c, on.throughput, off.throughput, f"{ratio:.2f}x", "yes" if ratio >= 3 else "NO"])
+        rows.append([c, on.throughput, off.throughput, f"{ratio:.2f}x", "yes" if ratio >= 3 else "NO"])
         figures.append(
             figure(
                 f"pipeline.zipf.c{c}.cache_on_vs_off",
@@ -264,66 +277,70 @@ def report(results: dict[tuple[str, int], Run], args: argparse.Namespace, perf: 
         )
     print_table(
         ["concurrency", "cache on req/s", "cache off req/s", "on / off", "target >= 3x"],
-        ratio_rows,
+        rows,
         "Zipf(1.1) stream: cache on vs off, side by side (Python grpc.aio client)",
     )
-    if perf:
-        perf_rows = []
-        for c, (off, on, hits) in perf.items():
-            ratio = on.throughput / off.throughput if off.throughput else float("nan")
-            perf_rows.append(
-                [
-                    c,
-                    round(on.throughput),
-                    round(off.throughput),
-                    f"{hits:.0%}",
-                    f"{on.p50_ms:.2f}",
-                    f"{off.p50_ms:.2f}",
-                    f"{ratio:.2f}x",
-                    "yes" if ratio >= 3 else "NO",
-                ]
-            )
-            figures.append(
-                figure(
-                    f"pipeline.zipf.perf_analyzer.c{c}.cache_on_vs_off",
-                    round(ratio, 2),
-                    "x",
-                    "the same Zipf(1.1) stream with the pipeline cache off",
-                    f"{COMMAND} ({on.command})",
-                )
-            )
-        print_table(
-            [
-                "concurrency",
-                "cache on req/s",
-                "cache off req/s",
-                "hits",
-                "on p50 ms",
-                "off p50 ms",
-                "on / off",
-                "target >= 3x",
-            ],
-            perf_rows,
-            f"Zipf(1.1) stream: cache on vs off, side by side (perf_analyzer, {PA_STREAM:,} requests "
-            "in Zipf order, round and round)",
-        )
+    return figures
 
-    batch_rows = []
+
+def zipf_perf_analyzer_table(perf: dict[int, tuple]) -> list[dict]:
+    """The Zipf stream with the cache on against off, from perf_analyzer (target >= 3x)."""
+    figures = []
+    rows = []
+    for c, (off, on, hits) in perf.items():
+        ratio = on.throughput / off.throughput if off.throughput else float("nan")
+        rows.append(
+            [
+                c,
+                round(on.throughput),
+                round(off.throughput),
+                f"{hits:.0%}",
+                f"{on.p50_ms:.2f}",
+                f"{off.p50_ms:.2f}",
+                f"{ratio:.2f}x",
+                "yes" if ratio >= 3 else "NO",
+            ]
+        )
+        figures.append(
+            figure(
+                f"pipeline.zipf.perf_analyzer.c{c}.cache_on_vs_off",
+                round(ratio, 2),
+                "x",
+                "the same Zipf(1.1) stream with the pipeline cache off",
+                f"{COMMAND} ({on.command})",
+            )
+        )
+    headers = ["concurrency", "cache on req/s", "cache off req/s", "hits", "on p50 ms", "off p50 ms", "on / off"]
+    print_table(
+        [*headers, "target >= 3x"],
+        rows,
+        f"Zipf(1.1) stream: cache on vs off, side by side (perf_analyzer, {PA_STREAM:,} requests "
+        "in Zipf order, round and round)",
+    )
+    return figures
+
+
+def batching_target(c: int, ratio: float, p50: float, p99: float) -> str:
+    """The micro-batching target at this concurrency and whether it holds ("" where there is none)."""
+    if c == 32:
+        met = ratio >= TARGET_BATCHED_C32 and p50 < 1 and p99 < 1
+        return f">= {TARGET_BATCHED_C32:.0f}x, lower p50/p99: " + ("yes" if met else "NO")
+    if c == 1:
+        return f"p50 <= {TARGET_LONE_P50}x: " + ("yes" if p50 <= TARGET_LONE_P50 else "NO")
+    return ""
+
+
+def batching_table(results: dict[tuple[str, int], Run], args: argparse.Namespace) -> list[dict]:
+    """The all-miss stream with micro-batching on against off, and the requests per downstream call."""
+    figures = []
+    rows = []
     for c in args.concurrency:
         on, off = results[("all-miss", c)], results[(UNBATCHED, c)]
         ratio = on.throughput / off.throughput if off.throughput else float("nan")
         p50, p99 = on.pct(0.5) / off.pct(0.5), on.pct(0.99) / off.pct(0.99)
-        if c == 32:
-            target = f">= {TARGET_BATCHED_C32:.0f}x, lower p50/p99: " + (
-                "yes" if ratio >= TARGET_BATCHED_C32 and p50 < 1 and p99 < 1 else "NO"
-            )
-        elif c == 1:
-            target = f"p50 <= {TARGET_LONE_P50}x: " + ("yes" if p50 <= TARGET_LONE_P50 else "NO")
-        else:
-            target = ""
         sizes = " ".join(f"{stage} {on.batches[stage]:.1f}" for stage in sorted(on.batches))
-        batch_rows.append([c, on.throughput, off.throughput, f"{ratio:.2f}x", f"{p50:.2f}", f"{p99:.2f}", sizes])
-        batch_rows[-1].append(target)
+        rows.append([c, on.throughput, off.throughput, f"{ratio:.2f}x", f"{p50:.2f}", f"{p99:.2f}", sizes])
+        rows[-1].append(batching_target(c, ratio, p50, p99))
         what = "all-miss, micro-batching on vs off, side by side"
         figures += [
             figure(f"pipeline.all_miss.c{c}.batching_on_vs_off", round(ratio, 2), "x", what, COMMAND),
@@ -336,17 +353,22 @@ def report(results: dict[tuple[str, int], Run], args: argparse.Namespace, perf: 
             )
     print_table(
         ["concurrency", "on req/s", "off req/s", "on / off", "p50 on/off", "p99 on/off", "requests per call", "target"],
-        batch_rows,
+        rows,
         "all-miss stream: micro-batching on vs off, side by side",
     )
+    return figures
 
-    stage_rows = []
+
+def stage_table(results: dict[tuple[str, int], Run], args: argparse.Namespace) -> list[dict]:
+    """The all-miss stream's share of mean end-to-end latency per stage, and the gateway's own time."""
+    figures = []
+    rows = []
     for c in args.concurrency:
         run = results[("all-miss", c)]
         total = statistics.fmean(run.latencies) * 1e3
         shares = {s: statistics.fmean(v) / total for s, v in run.stages.items() if s not in ("total",)}
         own = statistics.median(run.stages.get("gateway", [float("nan")]))
-        stage_rows.append(
+        rows.append(
             [
                 c,
                 *(f"{shares.get(s, 0):.0%}" for s in ("cache", "features", "model", "gateway", "client_minus_stages")),
@@ -357,8 +379,8 @@ def report(results: dict[tuple[str, int], Run], args: argparse.Namespace, perf: 
         figures.append(figure(f"pipeline.all_miss.c{c}.gateway_own_p50", round(own, 3), "ms", what, COMMAND))
     headers = ["concurrency", "cache", "features", "model", "gateway own", "outside stages", "gateway own p50 ms"]
     title = "all-miss stream: share of mean end-to-end latency per stage (target: gateway own <= 1 ms at p50)"
-    print_table(headers, stage_rows, title)
-    print(f"\nrecorded in {record(figures)}")
+    print_table(headers, rows, title)
+    return figures
 
 
 if __name__ == "__main__":

@@ -287,7 +287,9 @@ def main() -> None:
         "--slow-ms", type=float, help="the coverage gateway's latency bound (default: the recording stack's p99)"
     )
     parser.add_argument(
-        "--configs", default=",".join(CONFIGS), help=f"comma-separated subset of {', '.join(CONFIGS)} (off is needed)"
+        "--configs",
+        default=",".join(CONFIGS),
+        help=f"comma-separated subset of {', '.join(CONFIGS)} (off is needed)".replace("%", "%%"),
     )
     parser.add_argument("--no-coverage", action="store_true", help="the overhead rounds only")
     parser.add_argument("--db", type=Path, help="keep the trace store's file here (default: a temporary one)")
@@ -394,6 +396,17 @@ async def measure_coverage(
 def report(
     runs: dict[str, list[Run]], cpus: dict[str, list[float]], coverage: dict[str, Any], args: argparse.Namespace
 ) -> None:
+    """Print the overhead table (and the coverage one, when it ran); record every figure."""
+    figures = overhead_table(runs, cpus, args)
+    if coverage:
+        figures += report_coverage(coverage, args)
+    print(f"\nrecorded in {record(figures)}")
+
+
+def overhead_table(
+    runs: dict[str, list[Run]], cpus: dict[str, list[float]], args: argparse.Namespace
+) -> list[dict[str, Any]]:
+    """Each configuration's medians over its rounds: req/s and the share lost against off, p50, p99, CPU per request."""
     rps = {name: statistics.median(r.throughput for r in rs) for name, rs in runs.items()}
     p99 = {name: statistics.median(r.pct(0.99) for r in rs) for name, rs in runs.items()}
     p50 = {name: statistics.median(r.pct(0.5) for r in rs) for name, rs in runs.items()}
@@ -439,12 +452,11 @@ def report(
     )
     headers = ["tracing", "req/s", "throughput lost", "p50 ms", "p99 ms", "p99 vs off", "CPU ms/req", "CPU vs off"]
     print_table([*headers, "target", "met"], rows, title)
-    if coverage:
-        figures += report_coverage(coverage, args)
-    print(f"\nrecorded in {record(figures)}")
+    return figures
 
 
 def report_coverage(c: dict[str, Any], args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The coverage phase's table: how many requests had to be kept, and how many of them are whole in the store."""
     share = c["complete"] / c["must"] if c["must"] else float("nan")
     named = "feature" in str(c["hotspot"]).split("(")[0]
     title = (

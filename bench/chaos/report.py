@@ -202,22 +202,48 @@ def markdown(run: Run) -> str:
     return "\n\n".join(parts) + "\n"
 
 
-def as_json(run: Run) -> dict[str, Any]:
-    def fig(f: Figures) -> dict[str, Any]:
-        return {
-            "sent": f.sent,
-            "whole": f.whole,
-            "degraded": f.degraded,
-            "refused": f.refused,
-            "failed": f.failed,
-            "lost": f.lost,
-            "p50_ms": ms(f.p50_s),
-            "p99_ms": ms(f.p99_s),
-            "refused_p99_ms": ms(f.refused_p99_s),
-            "versions": f.versions,
-            "generator_lag_p99_ms": ms(f.late_p99_s),
-        }
+def figures_json(f: Figures) -> dict[str, Any]:
+    """One set of answers' figures as the JSON file holds them (latencies in ms)."""
+    return {
+        "sent": f.sent,
+        "whole": f.whole,
+        "degraded": f.degraded,
+        "refused": f.refused,
+        "failed": f.failed,
+        "lost": f.lost,
+        "p50_ms": ms(f.p50_s),
+        "p99_ms": ms(f.p99_s),
+        "refused_p99_ms": ms(f.refused_p99_s),
+        "versions": f.versions,
+        "generator_lag_p99_ms": ms(f.late_p99_s),
+    }
 
+
+def phase_json(run: Run, r: PhaseResult) -> dict[str, Any]:
+    """One phase as the JSON file holds it: what it was, its figures (and its fault window's), checks, per second."""
+    return {
+        "level": r.phase.level,
+        "rate": r.phase.rate,
+        "name": r.phase.name,
+        "kind": r.phase.kind,
+        "fault": run.faults.get(key(r)),
+        "start_s": r.phase.start_s,
+        "end_s": r.phase.end_s,
+        "fault_start_s": r.phase.fault_start_s,
+        "fault_end_s": r.phase.fault_end_s,
+        "allowed_causes": list(r.phase.causes),
+        **figures_json(r.figures),
+        "during_fault": figures_json(r.during),
+        "recovery_s": r.recovery_s,
+        "generator_cpu": run.generator_cpu.get(key(r)),
+        "checks": [{"label": c.label, "ok": c.ok, "measured": c.measured} for c in r.checks],
+        "per_second": [{"t_s": t, "sent": n, "whole": whole, "p99_ms": ms(p99)} for t, n, whole, p99 in r.timeline],
+        "met": r.met,
+    }
+
+
+def as_json(run: Run) -> dict[str, Any]:
+    """The whole run as chaos-<date>.json holds it."""
     return {
         "command": run.command,
         "date": run.date,
@@ -228,31 +254,8 @@ def as_json(run: Run) -> dict[str, Any]:
         "stack": run.stack,
         "generator": run.generator,
         "took_s": round(run.took_s, 1),
-        "ramp": [{"rate": s.rate, "holds": s.holds, **fig(s.figures)} for s in run.ramp],
-        "phases": [
-            {
-                "level": r.phase.level,
-                "rate": r.phase.rate,
-                "name": r.phase.name,
-                "kind": r.phase.kind,
-                "fault": run.faults.get(key(r)),
-                "start_s": r.phase.start_s,
-                "end_s": r.phase.end_s,
-                "fault_start_s": r.phase.fault_start_s,
-                "fault_end_s": r.phase.fault_end_s,
-                "allowed_causes": list(r.phase.causes),
-                **fig(r.figures),
-                "during_fault": fig(r.during),
-                "recovery_s": r.recovery_s,
-                "generator_cpu": run.generator_cpu.get(key(r)),
-                "checks": [{"label": c.label, "ok": c.ok, "measured": c.measured} for c in r.checks],
-                "per_second": [
-                    {"t_s": t, "sent": n, "whole": whole, "p99_ms": ms(p99)} for t, n, whole, p99 in r.timeline
-                ],
-                "met": r.met,
-            }
-            for r in run.phases
-        ],
+        "ramp": [{"rate": s.rate, "holds": s.holds, **figures_json(s.figures)} for s in run.ramp],
+        "phases": [phase_json(run, r) for r in run.phases],
     }
 
 

@@ -1,12 +1,13 @@
 """`python -m bench.chaos` (`make chaos`): the whole local stack through Envoy under steady open-loop load at 50% and
-90% of the capacity it measures first, through a scripted sequence of faults, with per-phase figures against issue
-15's targets.
+90% of the capacity it measures first, through a scripted sequence of faults, with per-phase figures against its
+targets (bench.chaos.phases).
 
-The sequence at each level: quiet; SIGKILL a model replica; SIGSTOP another for 10 s; SIGKILL Valkey; SIGSTOP the
-feature service for 10 s; SIGKILL the cache service; SIGKILL a gateway; a new model version hot-loaded; the canary
-shifted 10 -> 50 -> 100% then rolled back; 3x capacity for 30 s. Each phase keeps the base load running long
-enough after its fault to see recovery. The stack is `meshserve up` on free ports with its own log dir and a
-private copy of the model repository; the canary replica's pins are widened so the hot-loaded version is served.
+The sequence at each level (bench.chaos.script): quiet; SIGKILL a model replica; SIGSTOP another for 10 s; SIGKILL
+Valkey; SIGSTOP the feature service for 10 s; SIGKILL the cache service; SIGKILL a gateway; a new model version
+hot-loaded; the canary shifted 10 -> 50 -> 100% then rolled back; 3x capacity for 30 s. Each phase keeps the base load
+running long enough after its fault to see recovery. The stack is `meshserve up` on free ports with its own log dir
+and a private copy of the model repository; the canary replica's pins are widened so the hot-loaded version is served
+(bench.chaos.stack).
 """
 
 from __future__ import annotations
@@ -14,29 +15,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import inspect
 import math
 import os
-import shutil
 import signal
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
-from typing import Any
 
-import grpc
-import yaml
-
-from bench.chaos import faults as faults
-from bench.chaos import report as report
+from bench.chaos import faults, report
 from bench.chaos.load import TEMPLATES, OpenLoop, request_templates
 from bench.chaos.phases import (
-    FAULT,
-    OVERLOAD,
     P99_BOUND_FACTOR,
     QUIET,
     Phase,
@@ -47,232 +37,14 @@ from bench.chaos.phases import (
     p99_bound_s,
     step_holds,
 )
+from bench.chaos.script import QUICK, SCRIPT, Context, Durations, Step
+from bench.chaos.stack import copy_models, ingress_channel, stack_arguments
 from bench.lib.local_stack import local_stack
 from bench.lib.serving import ROOT, ServerStartError
 
 COMMAND = "python -m bench.chaos"
-MODEL = "fraud_mlp"
-HOT_SOURCE_VERSION = 2  # copied as the next version: the canary replica serves it
-CANARY_PINS = list(range(2, 10))  # the canary replica's fraud_mlp versions: today's v2 and the ones hot-loaded
 GATEWAY_REPLICAS = 2
 RAMP_LEAST_REQUESTS = 300
-
-
-@dataclass
-class Durations:
-    """Seconds of each part of the run (flags; --quick shortens them)."""
-
-    settle: float = 3.0  # at a new level's rate before its quiet phase
-    quiet: float = 20.0
-    lead: float = 3.0  # base load before a fault
-    tail: float = 17.0  # base load after a fault ends
-    stop: float = 10.0  # how long a SIGSTOPped process stays stopped
-    canary: float = 10.0  # each canary step: its whole phase
-    overload: float = 30.0
-    ramp_step: float = 8.0
-    warmup: float = 5.0
-    recovery_window: float = 2.0  # recovery compares windows this long with the quiet phase ...
-    recovery_hold: float = 4.0  # ... and needs this long of them in a row back to it
-
-
-QUICK = Durations(
-    settle=2.0,
-    quiet=6.0,
-    lead=1.0,
-    tail=6.0,
-    stop=4.0,
-    canary=5.0,
-    overload=8.0,
-    ramp_step=2.5,
-    warmup=3.0,
-    recovery_window=1.0,
-    recovery_hold=2.0,
-)
-
-
-@dataclass
-class Context:
-    """What the script's faults act on."""
-
-    log_dir: Path
-    supervisor_pid: int
-    models_dir: Path
-    load: OpenLoop
-    base_rate: float = 0.0
-    overload_rate: float = 0.0
-    stopped: set[int] = field(default_factory=set)  # SIGSTOPped pids, continued whatever happens
-
-
-Action = Callable[[Context], Awaitable[str]]
-
-
-@dataclass(frozen=True)
-class Step:
-    """One scripted phase: its fault (begin, and end after `hold` seconds), the degradation it may cause."""
-
-    name: str
-    begin: Action
-    end: Action | None = None
-    hold: str = ""  # the Durations field that holds the fault (empty: a single event)
-    causes: tuple[str, ...] = ()
-    kind: str = FAULT
-    length: str = ""  # the Durations field for the whole phase, instead of lead + hold + tail
-
-
-def kill(prefix: str, nth: int = 0) -> Action:
-    async def act(ctx: Context) -> str:
-        name, pid = faults.pid_of(ctx.log_dir, prefix, nth)
-        faults.send(pid, signal.SIGKILL)
-        return f"SIGKILL {name} (pid {pid})"
-
-    return act
-
-
-def stop(prefix: str, nth: int = 0) -> tuple[Action, Action]:
-    held: list[tuple[str, int]] = []
-
-    async def begin(ctx: Context) -> str:
-        name, pid = faults.pid_of(ctx.log_dir, prefix, nth)
-        faults.send(pid, signal.SIGSTOP)
-        ctx.stopped.add(pid)
-        held.append((name, pid))
-        return f"SIGSTOP {name} (pid {pid})"
-
-    async def end(ctx: Context) -> str:
-        name, pid = held.pop()
-        ctx.stopped.discard(pid)
-        faults.send(pid, signal.SIGCONT)
-        return f"SIGCONT {name}"
-
-    return begin, end
-
-
-async def kill_valkey(ctx: Context) -> str:
-    pid = faults.valkey_pid(ctx.log_dir, ctx.supervisor_pid)
-    faults.send(pid, signal.SIGKILL)
-    return f"SIGKILL valkey (pid {pid})"
-
-
-async def hot_load(ctx: Context) -> str:
-    version = await asyncio.to_thread(faults.hot_load, ctx.models_dir, MODEL, HOT_SOURCE_VERSION)
-    return f"copied {MODEL}/{HOT_SOURCE_VERSION} as {MODEL}/{version}"
-
-
-def canary(percent: int | None) -> Action:
-    async def act(ctx: Context) -> str:
-        split, changed = await asyncio.to_thread(faults.set_canary, ctx.log_dir, percent)
-        return ("" if changed else "already ") + ", ".join(f"{k} {v}%" for k, v in split.items())
-
-    return act
-
-
-async def overload(ctx: Context) -> str:
-    ctx.load.set_rate(ctx.overload_rate)
-    return f"{ctx.overload_rate:.0f} req/s"
-
-
-async def back_to_base(ctx: Context) -> str:
-    ctx.load.set_rate(ctx.base_rate)
-    return f"back to {ctx.base_rate:.0f} req/s"
-
-
-_stop_model, _cont_model = stop("model-v1", 1)
-_stop_feature, _cont_feature = stop("feature")
-# A stalled model replica holds its calls until the pipeline's model budget: the remedies (fallback model, stale
-# cache, default) answer them, marked. Valkey and the feature service hold the features. The other faults are
-# masked by retries across replicas (model, gateway), a cache that misses fast, or atomic switches.
-SCRIPT = [
-    Step("kill model replica", kill("model-v1", 0)),
-    Step("stop model replica", _stop_model, _cont_model, hold="stop", causes=("model_",)),
-    Step("kill valkey", kill_valkey, causes=("features_",)),
-    Step("stop feature", _stop_feature, _cont_feature, hold="stop", causes=("features_",)),
-    Step("kill cache", kill("cache")),
-    Step("kill gateway", kill("gateway")),
-    Step("hot-load version", hot_load),
-    Step("canary 10%", canary(10), length="canary"),
-    Step("canary 50%", canary(50), length="canary"),
-    Step("canary 100%", canary(100), length="canary"),
-    Step("canary rollback", canary(None), length="canary"),
-    Step("overload 3x", overload, back_to_base, hold="overload", kind=OVERLOAD),
-]
-
-
-# ----------------------------------------------------------------------------- the stack
-
-
-def up_options() -> set[str]:
-    """The parameters `meshserve up` has in this tree (flags other helpers add land over time)."""
-    from services.cli.main import up
-
-    return set(inspect.signature(up).parameters)
-
-
-def topology_file(path: Path, gateway_replicas: int, in_topology: bool) -> Path:
-    """The demo topology with the canary replica pinned to CANARY_PINS of fraud_mlp (and the gateway replicas where
-    the topology holds them)."""
-    from services.cli.stack.topology import StackTopology
-
-    topology = StackTopology.demo().model_dump(exclude_none=True)
-    if topology.get("canary"):
-        topology["canary"].setdefault("pinned_versions", {})[MODEL] = CANARY_PINS
-    if in_topology:
-        topology["gateway"] = {"replicas": gateway_replicas}
-    path.write_text(yaml.safe_dump(topology, sort_keys=False))
-    return path
-
-
-def stack_arguments(
-    tmp: Path, models_dir: Path, gateway_replicas: int, secure: bool = False
-) -> tuple[list[str], dict[str, Any]]:
-    """`meshserve up` arguments for the run and a description of the stack (what this tree could not give)."""
-    from services.cli.stack.topology import StackTopology
-
-    options = up_options()
-    flag = "gateway_replicas" in options
-    in_topology = not flag and "gateway" in StackTopology.model_fields
-    topology = topology_file(tmp / "topology.yaml", gateway_replicas, in_topology)
-    args = ["--models", str(models_dir), "--topology", str(topology)]
-    described: dict[str, Any] = {"mesh": "on (Envoy ingress)"}
-    if flag:
-        args += ["--gateway-replicas", str(gateway_replicas)]
-    if flag or in_topology:
-        described["gateway replicas"] = gateway_replicas
-    else:
-        described["gateway replicas"] = "1 (this tree's `meshserve up` runs one)"
-    if secure:
-        described["ingress"] = "TLS + JWT (the stack's CA, a token minted from its key)"
-    elif "insecure" in options:
-        args.append("--insecure")
-        described["ingress"] = "plaintext, no token (--insecure)"
-    else:
-        described["ingress"] = "plaintext (this tree's ingress has no TLS)"
-    return args, described
-
-
-def ingress_channel(log_dir: Path, ingress: str, secure: bool) -> tuple[grpc.aio.Channel, tuple[tuple[str, str], ...]]:
-    """A channel to the ingress and the metadata each call carries: plaintext, or with --secure TLS trusting the
-    stack's CA and a bearer token minted from its signing key (as `meshserve infer` does)."""
-    if not secure:
-        return grpc.aio.insecure_channel(ingress), ()
-    from services.cli.connect import read_state, stack_endpoint
-
-    state = read_state(log_dir)
-    if state is None:
-        raise ServerStartError(f"no stack.json in {log_dir}")
-    endpoint = stack_endpoint(state, ingress, subject="chaos")
-    return endpoint.aio_channel(), endpoint.metadata()
-
-
-def copy_models(dest: Path, source: Path = ROOT / "models") -> Path:
-    """A private copy of the model repository's models, configs and versions (the copy the hot-load writes into),
-    without the build scripts beside them."""
-    for model in source.iterdir():
-        if (model / "config.yaml").is_file():
-            shutil.copytree(model, dest / model.name, ignore=shutil.ignore_patterns("__pycache__"))
-    return dest
-
-
-# ----------------------------------------------------------------------------- the run
 
 
 class Clock:
@@ -406,31 +178,9 @@ async def chaos(
             await asyncio.sleep(d.warmup)
             load.set_rate(0)
             await load.drain()
-            if args.capacity:
-                cap: float | None = args.capacity
-                run.capacity_note = " (given with --capacity)"
-            else:
-                print("capacity ramp", flush=True)
-                run.ramp, run.p99_bound_s = await ramp(load, args, d)
-                cap = capacity([(s.rate, s.figures) for s in run.ramp], run.p99_bound_s or 0.0)
-                if cap is None:
-                    cap = args.ramp_start
-                    run.capacity_note = f" (not found: even {cap:.0f} req/s did not hold; the run uses it)"
-                else:
-                    bound = (run.p99_bound_s or 0) * 1000
-                    run.capacity_note = f" (>= 99% whole, nothing lost, p99 <= {bound:.0f} ms)"
-            run.capacity_rps = cap
-            print(f"capacity: {cap:.1f} req/s{run.capacity_note}", flush=True)
-            phases: list[Phase] = []
-            for level in args.levels:
-                ctx.base_rate = level * cap
-                ctx.overload_rate = args.overload_factor * cap
-                print(f"level {level:.0%}: {ctx.base_rate:.1f} req/s", flush=True)
-                load.set_rate(ctx.base_rate)
-                await asyncio.sleep(d.settle)
-                phases.append(await phase(ctx, level, None, d, run))
-                for step in SCRIPT:
-                    phases.append(await phase(ctx, level, step, d, run))
+            run.capacity_rps = await find_capacity(load, args, d, run)
+            print(f"capacity: {run.capacity_rps:.1f} req/s{run.capacity_note}", flush=True)
+            phases = await levels(ctx, run.capacity_rps, args, d, run)
             load.set_rate(0)
             await load.drain()
         finally:
@@ -444,8 +194,44 @@ async def chaos(
     wall = time.perf_counter() - wall_start
     cpu = time.process_time() - cpu_start
     run.phases = assess_all(phases, load.samples, d.recovery_window, d.recovery_hold)
+    run.generator = generator_figures(load, args, cpu, wall)
+
+
+async def find_capacity(load: OpenLoop, args: argparse.Namespace, d: Durations, run: report.Run) -> float:
+    """The capacity the run's levels are shares of: --capacity, else the ramp's (its first rate where none held);
+    the ramp and how the capacity was found go into `run`."""
+    if args.capacity:
+        run.capacity_note = " (given with --capacity)"
+        return float(args.capacity)
+    print("capacity ramp", flush=True)
+    run.ramp, run.p99_bound_s = await ramp(load, args, d)
+    cap = capacity([(s.rate, s.figures) for s in run.ramp], run.p99_bound_s or 0.0)
+    if cap is None:
+        run.capacity_note = f" (not found: even {args.ramp_start:.0f} req/s did not hold; the run uses it)"
+        return float(args.ramp_start)
+    run.capacity_note = f" (>= 99% whole, nothing lost, p99 <= {(run.p99_bound_s or 0) * 1000:.0f} ms)"
+    return cap
+
+
+async def levels(ctx: Context, cap: float, args: argparse.Namespace, d: Durations, run: report.Run) -> list[Phase]:
+    """At each level's share of `cap`: the quiet phase, then every step of SCRIPT."""
+    phases: list[Phase] = []
+    for level in args.levels:
+        ctx.base_rate = level * cap
+        ctx.overload_rate = args.overload_factor * cap
+        print(f"level {level:.0%}: {ctx.base_rate:.1f} req/s", flush=True)
+        ctx.load.set_rate(ctx.base_rate)
+        await asyncio.sleep(d.settle)
+        phases.append(await phase(ctx, level, None, d, run))
+        for step in SCRIPT:
+            phases.append(await phase(ctx, level, step, d, run))
+    return phases
+
+
+def generator_figures(load: OpenLoop, args: argparse.Namespace, cpu: float, wall: float) -> dict[str, str | int]:
+    """What the load generator itself cost and how far behind its schedule it fell, over the whole run."""
     overall = count(load.samples)
-    run.generator = {
+    return {
         "requests": load.sent,
         "CPU": f"{cpu:.1f} s over {wall:.0f} s ({cpu / wall:.0%} of a core)",
         "CPU per request": f"{1e6 * cpu / max(1, load.sent):.0f} us (all of this process, faults and parsing included)",

@@ -1,47 +1,8 @@
-"""bench.chaos's in-process parts: the stack's topology and `meshserve up` arguments, the private model repository,
-the durations and the script."""
+"""bench.chaos.run's command line: the durations --quick and the per-part flags give."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import pytest
-import yaml
-
 from bench.chaos import run as chaos
-
-
-def test_topology_pins_the_canary_to_the_versions_a_hot_load_adds(tmp_path: Path) -> None:
-    data = yaml.safe_load(chaos.topology_file(tmp_path / "t.yaml", 2, in_topology=False).read_text())
-    assert data["canary"]["pinned_versions"]["fraud_mlp"] == list(range(2, 10))
-    assert data["stable"]["pinned_versions"]["fraud_mlp"] == [1]
-    assert data.get("gateway", {}).get("replicas", 1) == 1  # left as the demo's: the flag sets it
-    with_gateways = yaml.safe_load(chaos.topology_file(tmp_path / "g.yaml", 2, in_topology=True).read_text())
-    assert with_gateways["gateway"] == {"replicas": 2}
-
-
-def test_stack_arguments_use_the_flags_this_tree_has(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(chaos, "up_options", lambda: {"models", "topology", "gateway_replicas", "insecure"})
-    args, stack = chaos.stack_arguments(tmp_path, tmp_path / "models", 2)
-    assert args[:2] == ["--models", str(tmp_path / "models")] and args[2] == "--topology"
-    assert args[4:] == ["--gateway-replicas", "2", "--insecure"]
-    assert stack["gateway replicas"] == 2
-    assert "--insecure" not in chaos.stack_arguments(tmp_path, tmp_path / "models", 2, secure=True)[0]
-    monkeypatch.setattr(chaos, "up_options", lambda: {"models", "topology"})
-    args, stack = chaos.stack_arguments(tmp_path, tmp_path / "models", 2)
-    assert "--insecure" not in args and "--gateway-replicas" not in args
-    assert isinstance(stack["gateway replicas"], int) or "runs one" in stack["gateway replicas"]
-
-
-def test_the_private_model_repository_holds_models_not_build_scripts(tmp_path: Path) -> None:
-    source = tmp_path / "src"
-    (source / "m" / "1").mkdir(parents=True)
-    (source / "m" / "config.yaml").write_text("name: m\n")
-    (source / "m" / "1" / "model.pt").write_bytes(b"w")
-    (source / "build.py").write_text("")
-    (source / "scripts").mkdir()
-    copy = chaos.copy_models(tmp_path / "copy", source)
-    assert sorted(str(p.relative_to(copy)) for p in copy.rglob("*")) == ["m", "m/1", "m/1/model.pt", "m/config.yaml"]
 
 
 def test_quick_shortens_every_duration_and_flags_override_one() -> None:
@@ -50,31 +11,3 @@ def test_quick_shortens_every_duration_and_flags_override_one() -> None:
     assert all(getattr(quick, k) <= getattr(full, k) for k in full.__dict__)
     assert chaos.parse(["--quick"]).levels == [0.5] and chaos.parse([]).levels == [0.5, 0.9]
     assert chaos.durations(chaos.parse(["--quick", "--stop-s", "10"])).stop == 10.0
-
-
-def test_the_full_run_fits_in_twelve_minutes_of_phases() -> None:
-    d = chaos.Durations()
-    per_level = d.settle + d.quiet
-    for step in chaos.SCRIPT:
-        per_level += (
-            getattr(d, step.length) if step.length else d.lead + (getattr(d, step.hold) if step.hold else 0) + d.tail
-        )
-    assert 2 * per_level + d.warmup <= 600
-
-
-def test_the_script_is_the_issues_sequence() -> None:
-    assert [s.name for s in chaos.SCRIPT] == [
-        "kill model replica",
-        "stop model replica",
-        "kill valkey",
-        "stop feature",
-        "kill cache",
-        "kill gateway",
-        "hot-load version",
-        "canary 10%",
-        "canary 50%",
-        "canary 100%",
-        "canary rollback",
-        "overload 3x",
-    ]
-    assert all(s.end is not None for s in chaos.SCRIPT if s.hold)
