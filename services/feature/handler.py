@@ -29,7 +29,6 @@ log = logging.getLogger(__name__)
 tracer = trace.get_tracer("meshserve.feature")
 
 Row = Mapping[str, Scalar | None]
-SEND_TURNS = 2  # loop turns redis.asyncio needs from a call to its command on the socket (pool checkout, then write)
 NONFINITE_LOG_EVERY_S = 10.0  # at most one log line per interval about non-finite aggregates from the store
 
 
@@ -99,14 +98,10 @@ class FeatureHandler:
         start = time.perf_counter()
         columns = fs.columns(rows, max_field_bytes=self.settings.max_field_bytes)
         reading: asyncio.Task[tuple[AggregateResult | None, int]] | None = None
-        if fs.has_aggregates:
-            budget_s = self._budget_s(budget_ms, len(rows))
-            reading = asyncio.ensure_future(self._read_online(fs, columns, set_id, budget_s))
+        if fs.has_aggregates:  # started first: the work below runs while Redis works
+            reading = await self._start_read(fs, columns, set_id, self._budget_s(budget_ms, len(rows)))
         try:
-            if reading is not None:  # let the read go out (redis-py takes SEND_TURNS turns of the event loop to
-                for _ in range(SEND_TURNS):  # write it); the transforms below then run while Redis works
-                    await asyncio.sleep(0)
-            prepared = fs.prepare(columns)
+            prepared = fs.prepare(columns)  # the static lookups and request transforms
             online, trips = await reading if reading is not None else (None, 0)
         finally:
             if reading is not None and not reading.done():  # cancelled (or failed) before the read came back
@@ -123,30 +118,52 @@ class FeatureHandler:
             metrics.DEFAULTED_ROWS.labels(set_id).inc(defaulted)
         return result
 
-    async def _read_online(
+    async def _start_read(
         self, fs: FeatureSet, columns: dict[str, np.ndarray], set_id: str, budget_s: float
+    ) -> asyncio.Task[tuple[AggregateResult | None, int]]:
+        """The online read in a task of its own, once its request is on its way to Redis (the store says when)."""
+        sent: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        reading = asyncio.ensure_future(self._read_online(fs, columns, set_id, budget_s, sent))
+        try:
+            await sent
+        except asyncio.CancelledError:
+            reading.cancel()
+            raise
+        return reading
+
+    async def _read_online(
+        self, fs: FeatureSet, columns: dict[str, np.ndarray], set_id: str, budget_s: float, sent: asyncio.Future[None]
     ) -> tuple[AggregateResult | None, int]:
-        """(every aggregate of the rows or None when the store failed or ran past the budget, round trips made)."""
+        """(every aggregate of the rows or None when the store failed or ran past the budget, round trips made).
+
+        `sent` is resolved once the request is out, or at once when it is not about to go (a fault delay, a failure).
+        """
         rows = len(columns[fs.spec.timestamp_field])
         before = self.store.round_trips
         with child_span(tracer, "feature.online_lookup", {"feature.rows": rows, "feature.set": set_id}):
-            if self.settings.fault_delay_ms > 0:  # fault injection (drills, tracing tests)
-                await asyncio.sleep(self.settings.fault_delay_ms / 1e3)
             try:
-                online = await self._timed_read(fs, columns, budget_s)
+                if self.settings.fault_delay_ms > 0:  # fault injection (drills, tracing tests)
+                    sent.set_result(None)
+                    await asyncio.sleep(self.settings.fault_delay_ms / 1e3)
+                online = await self._timed_read(fs, columns, budget_s, sent)
             except FAILURES as exc:
                 metrics.REDIS_ERRORS.labels("read", type(exc).__name__).inc()
                 log.debug("online store read failed, degrading %d rows: %r", rows, exc)
                 online = None
+            finally:
+                if not sent.done():
+                    sent.set_result(None)
         return online, self.store.round_trips - before
 
-    async def _timed_read(self, fs: FeatureSet, columns: Mapping[str, np.ndarray], budget_s: float) -> AggregateResult:
+    async def _timed_read(
+        self, fs: FeatureSet, columns: Mapping[str, np.ndarray], budget_s: float, sent: asyncio.Future[None]
+    ) -> AggregateResult:
         """The store's read within `budget_s` (TimeoutError past it). A read past its budget is not cancelled: it
         goes on up to the budget's ceiling, so its latency still teaches the budget what this machine takes now
         (were only reads inside the budget samples, a machine that suddenly got busier would never stretch it)."""
         start = time.perf_counter()
         ceiling_s = budget_s * self._lookups.stretch_max
-        read = asyncio.ensure_future(self.store.read(fs.plan, columns, fs.spec.timestamp_field, ceiling_s))
+        read = asyncio.ensure_future(self.store.read(fs.plan, columns, fs.spec.timestamp_field, ceiling_s, sent))
 
         def learn(task: asyncio.Future[AggregateResult]) -> None:
             if not task.cancelled() and task.exception() is None:

@@ -75,7 +75,12 @@ class OnlineStore:
     # -- read -------------------------------------------------------------------------------------
 
     async def read(
-        self, plan: AggregatePlan, columns: Mapping[str, np.ndarray], ts_field: str, budget_s: float
+        self,
+        plan: AggregatePlan,
+        columns: Mapping[str, np.ndarray],
+        ts_field: str,
+        budget_s: float,
+        sent: asyncio.Future[None] | None = None,
     ) -> AggregateResult:
         """Every aggregate of every row as of the row's event time, in one pipelined round trip.
 
@@ -85,19 +90,31 @@ class OnlineStore:
         (windowed by the decoder in numpy) and one integer per row and distinct / since_last aggregate. One
         script call per READ_CHUNK_ROWS rows, all sent at once (one command, or one pipeline).
         Raises FAILURES (or TimeoutError past the budget): the caller degrades.
+
+        `sent` is resolved as the request goes out, so that a caller running this in a task of its own can do its
+        other work while Redis does this (see `_run_read`).
         """
         rows = len(columns[ts_field])
         ts = columns[ts_field].astype(np.int64)
         chunks = read_args(plan, self.base(plan), ts, id_table(plan, columns, rows))
         async with asyncio.timeout(budget_s):
             try:
-                replies = await self._run_read(chunks, use_sha=True)
+                replies = await self._run_read(chunks, use_sha=True, sent=sent)
             except NoScriptError:  # a restarted or different server: send the script itself (rarely)
                 replies = await self._run_read(chunks, use_sha=False)
         return decode(plan.reply, ts, replies)
 
-    async def _run_read(self, chunks: list[list[bytes]], use_sha: bool) -> list[list[Any]]:
-        """One round trip: a read script call per chunk of rows (so Redis serves others in between)."""
+    async def _run_read(
+        self, chunks: list[list[bytes]], use_sha: bool, sent: asyncio.Future[None] | None = None
+    ) -> list[list[Any]]:
+        """One round trip: a read script call per chunk of rows (so Redis serves others in between).
+
+        `sent` is resolved just before the call: redis.asyncio writes a command to its connection before the call
+        first waits (when the pool has a connection free), and whoever awaits `sent` runs on a later turn of the
+        event loop, so after the write.
+        """
+        if sent is not None and not sent.done():
+            sent.set_result(None)
         sha = self.scripts.read.sha
         if len(chunks) == 1:  # the usual case: one plain command (less client work than a pipeline of one)
             self.round_trips += 1

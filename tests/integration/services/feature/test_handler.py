@@ -6,6 +6,7 @@ import asyncio
 import math
 import time
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -194,6 +195,38 @@ async def test_a_span_per_feature_group(make_handler: Make, monkeypatch: pytest.
         assert read.start_time < finished[name].start_time < read.end_time, name
     await handler.compute("fraud_v1", [fraud_row()] * 3)  # no sampled parent: no spans, no cost
     assert len(exporter.get_finished_spans()) == 4
+
+
+async def test_the_read_is_on_its_way_before_the_transforms_run(
+    make_handler: Make, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Compute starts the online read, runs the transforms while Redis works, then awaits the read: the store says
+    when its request is out, for one command and for a pipeline of them."""
+    from redis.asyncio.connection import Connection
+
+    order: list[str] = []
+    send, read = Connection.send_packed_command, Connection.read_response
+
+    async def recording_send(self: Connection, *args: Any, **kwargs: Any) -> None:
+        order.append("sent")
+        await send(self, *args, **kwargs)
+
+    async def recording_read(self: Connection, *args: Any, **kwargs: Any) -> Any:
+        answer = await read(self, *args, **kwargs)
+        order.append("answered")
+        return answer
+
+    monkeypatch.setattr(Connection, "send_packed_command", recording_send)
+    monkeypatch.setattr(Connection, "read_response", recording_read)
+    handler = make_handler()
+    assert await handler.store.prepare()
+    fs = handler.feature_set("fraud_v1")
+    prepare = fs.prepare
+    monkeypatch.setattr(fs, "prepare", lambda columns: order.append("prepare") or prepare(columns))
+    for n in (3, READ_CHUNK_ROWS + 1):
+        order.clear()
+        await handler.compute("fraud_v1", [fraud_row()] * n)
+        assert order[:3] == ["sent", "prepare", "answered"], (n, order)
 
 
 async def test_a_fault_delay_slows_the_online_lookup_without_degrading(
