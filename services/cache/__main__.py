@@ -10,7 +10,7 @@ from services.cache.servicer import OPERATOR_RPCS, SERVICE_NAME, CacheServicer
 from services.cache.settings import CacheSettings
 from services.common.embedded import redis_url_or_embedded
 from services.common.logs import setup_logging
-from services.common.operator import OperatorCheck
+from services.common.operator_check import OperatorCheck
 from services.common.redis import redact
 from services.common.server import GrpcService
 from services.protos import cache_pb2_grpc

@@ -9,7 +9,7 @@ import grpc
 
 from services.cache import converters
 from services.cache.handler import CacheHandler
-from services.common.operator import OPEN, OperatorCheck
+from services.common.operator_check import OPEN, OperatorCheck
 from services.protos import cache_pb2 as pb
 from services.protos import cache_pb2_grpc as pb_grpc
 

@@ -7,7 +7,7 @@ import logging
 
 from services.common.embedded import redis_url_or_embedded
 from services.common.logs import setup_logging
-from services.common.operator import OperatorCheck
+from services.common.operator_check import OperatorCheck
 from services.common.redis import redact
 from services.common.server import GrpcService
 from services.feature.handler import FeatureHandler

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import grpc
 
-from services.common.operator import OPEN, OperatorCheck
+from services.common.operator_check import OPEN, OperatorCheck
 from services.feature import converters
 from services.feature.handler import FeatureHandler
 from services.protos import feature_pb2 as pb

@@ -15,7 +15,7 @@ import grpc
 
 from services.common import tokens
 from services.common.errors import InvalidArgument, MeshserveError, NotFound, error_with_code
-from services.common.operator import AUTHORIZATION, bearer_credential, permission_denied, same_secret
+from services.common.operator_check import AUTHORIZATION, bearer_credential, permission_denied, same_secret
 from services.gateway.admission import Admission, Priority
 from services.gateway.converters import pipeline_index
 from services.gateway.upstream import Headers

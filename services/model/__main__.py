@@ -7,7 +7,7 @@ import logging
 import sys
 
 from services.common.logs import setup_logging
-from services.common.operator import OperatorCheck
+from services.common.operator_check import OperatorCheck
 from services.common.server import GrpcService
 from services.model.gpu_metrics import register_gpu_metrics
 from services.model.handler import ModelHandler

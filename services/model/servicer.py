@@ -7,7 +7,7 @@ import time
 
 import grpc
 
-from services.common.operator import OPEN, OperatorCheck
+from services.common.operator_check import OPEN, OperatorCheck
 from services.model import converters
 from services.model.handler import ModelHandler
 from services.protos import inference_pb2 as pb

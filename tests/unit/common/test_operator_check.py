@@ -10,7 +10,7 @@ import grpc
 import pytest
 
 from services.common.errors import MeshserveError
-from services.common.operator import OPEN, OperatorCheck, bearer_credential, same_secret
+from services.common.operator_check import OPEN, OperatorCheck, bearer_credential, same_secret
 
 TOKEN = "s3cret-operator-token"
 CHECK = OperatorCheck(TOKEN, "MESHSERVE_X_ADMIN_TOKEN", ("Wipe",))
