@@ -1,4 +1,4 @@
-"""The trace store's queries, shared by the JSON API (`services.traces.api`) and `meshserve traces` (one source of
+"""The trace store's queries, shared by the JSON API (`services.traces.web_api`) and `meshserve traces` (one source of
 truth): a search of the trace summaries, one trace with the spans that link to it, and the hotspot and
 slow-against-typical analyses over a search's traces."""
 

@@ -1,5 +1,5 @@
 """The trace UI over HTTP (the standard library's threading server): the pages, loaded from the `ui` package's
-resources, and the JSON API (`services.traces.api`) over the store's SQLite file, each request on its own
+resources, and the JSON API (`services.traces.web_api`) over the store's SQLite file, each request on its own
 connection."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
-from services.traces import api
+from services.traces import web_api
 from services.traces.store import TraceStore
 
 log = logging.getLogger(__name__)
@@ -105,11 +105,11 @@ class TraceUI:
             return HTTPStatus.SERVICE_UNAVAILABLE, {"error": f"no trace store at {self.db} yet"}
         with TraceStore(self.db) as store:
             if path == "/api/traces":
-                return HTTPStatus.OK, api.traces(store, params)
+                return HTTPStatus.OK, web_api.traces(store, params)
             if path == "/api/facets":
-                return HTTPStatus.OK, api.facets(store)
+                return HTTPStatus.OK, web_api.facets(store)
             if path == "/api/hotspots":
-                return HTTPStatus.OK, api.analysis(store, params)
+                return HTTPStatus.OK, web_api.analysis(store, params)
             if path.startswith("/api/traces/"):
                 trace_id = path.removeprefix("/api/traces/").lower()
                 if not (0 < len(trace_id) <= MAX_TRACE_ID) or any(c not in "0123456789abcdef" for c in trace_id):
@@ -119,7 +119,7 @@ class TraceUI:
                     if len(matches) != 1:
                         return HTTPStatus.NOT_FOUND, {"error": f"{trace_id} names {len(matches)} traces"}
                     trace_id = matches[0]
-                found = api.trace(store, trace_id)
+                found = web_api.trace(store, trace_id)
                 if found is None:
                     return HTTPStatus.NOT_FOUND, {"error": f"no trace {trace_id}"}
                 return HTTPStatus.OK, found
@@ -155,9 +155,9 @@ class _Handler(BaseHTTPRequestHandler):
             params = None
         try:
             if params is None:
-                raise api.BadRequest(f"more than {MAX_PARAMS} query parameters")
+                raise web_api.BadRequest(f"more than {MAX_PARAMS} query parameters")
             status, answer = ui.answer(url.path, params)
-        except api.BadRequest as exc:
+        except web_api.BadRequest as exc:
             status, answer = HTTPStatus.BAD_REQUEST, {"error": str(exc)}
         except Exception:
             log.exception("GET %s failed", self.path)

@@ -1,5 +1,5 @@
 // The trace UI: a search of the store's traces, a list, one trace's waterfall, and the hotspot view (stage
-// self-time shares, critical paths, slow against typical traces). Reads the JSON API of services/traces/api.py;
+// self-time shares, critical paths, slow against typical traces). Reads the JSON API of services/traces/web_api.py;
 // loads nothing from elsewhere. Every value from the store reaches the page as text (textContent), never as HTML.
 "use strict";
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from services.traces import api, query
+from services.traces import query, web_api
 from services.traces.analysis import assemble, compare
 from services.traces.records import SpanEvent
 from services.traces.store import TraceFilter, TraceStore
@@ -39,7 +39,7 @@ def store(tmp_path: Path) -> TraceStore:
 
 
 def test_parse_filter() -> None:
-    f = api.parse_filter(
+    f = web_api.parse_filter(
         {
             "pipeline": "fraud",
             "status": "error",
@@ -69,9 +69,9 @@ def test_parse_filter() -> None:
         order="slowest",
         limit=20,
     )
-    assert api.parse_filter({}, now_ns=NOW, default_limit=7) == TraceFilter(limit=7)
-    assert api.parse_filter({"status": "any", "degraded": "any", "pipeline": ""}) == TraceFilter()
-    later = api.parse_filter({"since": "1h", "from": str((NOW - 60 * 10**9) // 10**6)}, now_ns=NOW)
+    assert web_api.parse_filter({}, now_ns=NOW, default_limit=7) == TraceFilter(limit=7)
+    assert web_api.parse_filter({"status": "any", "degraded": "any", "pipeline": ""}) == TraceFilter()
+    later = web_api.parse_filter({"since": "1h", "from": str((NOW - 60 * 10**9) // 10**6)}, now_ns=NOW)
     assert later.since_ns == NOW - 60 * 10**9  # the later of the two bounds
 
 
@@ -93,13 +93,13 @@ def test_parse_filter() -> None:
     ],
 )
 def test_bad_parameters_are_refused(params: dict[str, str]) -> None:
-    with pytest.raises(api.BadRequest):
-        api.parse_filter(params)
+    with pytest.raises(web_api.BadRequest):
+        web_api.parse_filter(params)
 
 
 def test_traces_list(store: TraceStore) -> None:
     with store:
-        answer = api.traces(store, {"min_ms": "25", "order": "slowest"})
+        answer = web_api.traces(store, {"min_ms": "25", "order": "slowest"})
         assert answer["total"] == 2
         first, second = answer["traces"]
         assert {first["trace_id"], second["trace_id"]} == {f"{13:032x}", f"{27:032x}"}
@@ -107,14 +107,17 @@ def test_traces_list(store: TraceStore) -> None:
         assert first["root"] == {"stage": "envoy.ingress", "name": "127.0.0.1:8000", "service": "meshserve-ingress"}
         assert first["complete"] and not first["error"] and first["duration_ms"] > 25
         assert first["start_at_ms"] == pytest.approx((NOW - 50 * 10**9) / 1e6 + int(first["trace_id"], 16) * 1000)
-        assert api.traces(store, {})["total"] == 43 and len(api.traces(store, {})["traces"]) == api.DEFAULT_LIMIT - 7
+        assert (
+            web_api.traces(store, {})["total"] == 43
+            and len(web_api.traces(store, {})["traces"]) == web_api.DEFAULT_LIMIT - 7
+        )
         json.dumps(answer)  # JSON as it is
 
 
 def test_one_trace(store: TraceStore) -> None:
     with store:
-        t = api.trace(store, f"{13:032x}")
-        assert api.trace(store, "f" * 32) is None
+        t = web_api.trace(store, f"{13:032x}")
+        assert web_api.trace(store, "f" * 32) is None
     assert t is not None
     assert [s["stage"] for s in t["spans"]][:3] == ["envoy.ingress", "envoy.ingress.upstream", "gateway.rpc"]
     assert t["stages"][0] == {"stage": "feature.online_lookup", "self_ms": 25.0}
@@ -132,8 +135,8 @@ def test_one_trace(store: TraceStore) -> None:
 def test_batched_members_link_both_ways_and_share_the_call(store: TraceStore) -> None:
     first_id, second_id = f"{0xBA7C4:032x}", f"{0xBA7C5:032x}"
     with store:
-        first = api.trace(store, first_id)
-        second = api.trace(store, second_id)
+        first = web_api.trace(store, first_id)
+        second = web_api.trace(store, second_id)
     assert first is not None and second is not None
     (batch,) = [s for s in first["spans"] if s["name"] == "features.batch"]
     assert batch["batch"] and batch["members"] == 3
@@ -151,12 +154,12 @@ def test_batched_members_link_both_ways_and_share_the_call(store: TraceStore) ->
 
 def test_hotspots_and_comparison(store: TraceStore) -> None:
     with store:
-        answer = api.analysis(store, {"pipeline": "fraud", "slowest": "2"})
-        slow_only = api.analysis(store, {"min_ms": "25"})
-        with pytest.raises(api.BadRequest):
-            api.analysis(store, {"slow_q": "10"})
-        with pytest.raises(api.BadRequest):
-            api.analysis(store, {"limit": str(query.MAX_ANALYSED + 1)})
+        answer = web_api.analysis(store, {"pipeline": "fraud", "slowest": "2"})
+        slow_only = web_api.analysis(store, {"min_ms": "25"})
+        with pytest.raises(web_api.BadRequest):
+            web_api.analysis(store, {"slow_q": "10"})
+        with pytest.raises(web_api.BadRequest):
+            web_api.analysis(store, {"limit": str(query.MAX_ANALYSED + 1)})
     assert answer["traces"] == 40 and answer["hotspot"]["stage"] == "feature.online_lookup"
     assert [t["trace_id"] for t in answer["slowest"]] in ([f"{13:032x}", f"{27:032x}"], [f"{27:032x}", f"{13:032x}"])
     c = answer["comparison"]
