@@ -80,7 +80,7 @@ bench-peers: setup models
 	$(PY) -m bench.peers
 	$(PY) -m bench.peers.pipeline
 
-# Issue 15's chaos run (about 11 minutes): the whole stack through Envoy under open-loop load at 50% and 90% of the
+# The chaos run (about 11 minutes): the whole stack through Envoy under open-loop load at 50% and 90% of the
 # capacity it measures first, through a scripted sequence of faults; the table goes to bench/results/chaos-<date>.md.
 .PHONY: chaos
 chaos: setup models

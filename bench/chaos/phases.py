@@ -1,5 +1,5 @@
 """A chaos phase's figures from the answers sent in it: counts by kind and reason, p50/p99, the time to get back to
-the quiet phase's p99 and whole ratio after its fault ends, and whether the issue's targets hold."""
+the quiet phase's p99 and whole ratio after its fault ends, and whether the chaos run's targets hold."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from bench.chaos.outcomes import DEGRADED, FAILED, LOST, OK_KINDS, REFUSED, WHOL
 
 QUIET, FAULT, OVERLOAD = "quiet", "fault", "overload"
 
-# Issue 15's targets.
+# The chaos run's targets.
 STRICT_LEVEL = 0.5  # at this share of capacity or less: nothing failed, lost or refused, degraded only by the fault
 RECOVERY_MOST_S = 10.0  # back to the quiet figures within 10 s of the fault's end
 REFUSAL_MOST_S = 0.005  # under overload the excess is refused within 5 ms
@@ -31,8 +31,9 @@ WHOLE_MARGIN = 0.01  # a window's whole ratio at most 1 point under the quiet on
 # Capacity: the highest rate of the ramp at which 99% of answers are whole, none is lost and the p99 stays bounded:
 # within P99_BOUND_FACTOR x the median of the ramp's first, light step (its median, not its p99: a light step holds
 # too few answers for a steady p99), and never under P99_FLOOR_S. Queueing may add to the tail, up to a point. The
-# floor is an eighth of the default 2 s deadline: with 50 ms, one scheduling hiccup of this shared 2-core machine in
-# a 5 s step (169 answers: the p99 is the second slowest) put the capacity of a stack that serves 250 req/s at 30.
+# floor is an eighth of the default 2 s deadline: under a lower one, a single scheduling hiccup of a shared machine
+# in a step (whose p99 is then its second slowest answer) put the capacity far under what the stack serves
+# (bench/README.md, "Chaos run").
 CAPACITY_WHOLE_LEAST = 0.99
 P99_BOUND_FACTOR = 10.0
 P99_FLOOR_S = 0.25
@@ -220,7 +221,7 @@ def recovery_s(
 def checks(
     phase: Phase, figures: Figures, during: Figures, recovered_s: float | None, quiet: Baseline | None
 ) -> list[Check]:
-    """The issue's targets that apply to this phase."""
+    """The chaos run's targets that apply to this phase."""
     out = [
         Check("0 failed", not figures.failed, str(sum(figures.failed.values()))),
         Check("0 lost", figures.lost == 0, str(figures.lost)),

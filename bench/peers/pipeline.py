@@ -6,7 +6,7 @@ model service pinned to fraud_mlp version 1); and bench.peers.ray_peer in Ray Se
 same Valkey, the same TorchScript file, `@serve.batch` on the feature and model deployments, gRPC ingress.
 Both first answer the same transactions (scores must agree within 1e-5, or the run stops), then take the
 all-miss stream from bench.pipeline's closed-loop load generator at each concurrency, the two stacks in
-alternating order. Prints req/s, p50 and p99 side by side with issue 14's target at c=32 (>= 2x Ray Serve's
+alternating order. Prints req/s, p50 and p99 side by side with meshserve's target at c=32 (>= 2x Ray Serve's
 throughput with a lower p99) and records every figure in bench/results/latest.json.
 """
 
@@ -315,7 +315,7 @@ class Cell:
 
 @dataclass
 class Verdict:
-    """One of issue 14's targets against Ray Serve: the measured ratio, the threshold, pass or fail."""
+    """One of meshserve's targets against Ray Serve: the measured ratio, the threshold, pass or fail."""
 
     name: str
     label: str
@@ -402,7 +402,7 @@ def report(
         compared = f"{RAY} at c={TARGET_C} ({RAY_SETUP}); target {v.op} {v.threshold:g}"
         value = None if v.value is None else round(v.value, 3)
         figures.append(figure(f"{PREFIX}.{v.name}", value, "ratio", compared, command))
-    print_table(["target (issue 14)", "measured", "target", "result"], target_rows, "targets")
+    print_table(["target", "measured", "target", "result"], target_rows, "targets")
     return figures
 
 

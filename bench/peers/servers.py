@@ -1,4 +1,4 @@
-"""`make bench-peers`: fraud_mlp on MLServer 1.7.1, KServe 0.21.0, meshserve and the floor, and issue 13's targets."""
+"""`make bench-peers`: fraud_mlp on MLServer 1.7.1, KServe 0.21.0, meshserve and the floor, and meshserve's targets."""
 
 from __future__ import annotations
 
@@ -175,7 +175,7 @@ def write_kserve_folder(folder: Path, models: Path, grpc_port: int) -> KServeLau
 
 @dataclass
 class Target:
-    """One target of issue 13: a measured ratio against a threshold."""
+    """One of meshserve's targets against the peers: a measured ratio against a threshold."""
 
     name: str
     label: str

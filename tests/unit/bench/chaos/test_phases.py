@@ -1,4 +1,4 @@
-"""bench.chaos.phases: a phase's counts and percentiles, the recovery time after its fault, the issue's targets per
+"""bench.chaos.phases: a phase's counts and percentiles, the recovery time after its fault, the chaos run's targets per
 phase, and capacity from the ramp's steps."""
 
 from __future__ import annotations

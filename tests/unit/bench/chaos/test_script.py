@@ -15,7 +15,7 @@ def test_the_full_run_fits_in_twelve_minutes_of_phases() -> None:
     assert 2 * per_level + d.warmup <= 600
 
 
-def test_the_script_is_the_issues_sequence() -> None:
+def test_the_script_is_the_documented_sequence() -> None:
     assert [s.name for s in script.SCRIPT] == [
         "kill model replica",
         "stop model replica",

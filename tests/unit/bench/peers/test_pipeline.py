@@ -1,5 +1,5 @@
 """bench.peers.pipeline without Ray or a server: Ray Serve's virtualenv and launch, the answer check's comparison and
-history, and the side-by-side table with issue 14's targets against Ray Serve."""
+history, and the side-by-side table with meshserve's targets against Ray Serve."""
 
 from __future__ import annotations
 

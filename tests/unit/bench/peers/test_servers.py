@@ -1,5 +1,5 @@
 """The peers benchmark's in-process parts: the KServe launch it writes, the ModelConfig interceptor both peer shims
-add, the targets of issue 13 computed from perf_analyzer results, and the second attempt at an unstable cell."""
+add, meshserve's targets computed from perf_analyzer results, and the second attempt at an unstable cell."""
 
 from __future__ import annotations
 
