@@ -3,15 +3,14 @@ from the `--token` / `--ca` flags or from the running local stack's stack.json a
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 
 from services.cli.stack.credentials import SecretsError, StackSecrets
+from services.cli.stack.state import read_state
 
-STATE_FILE = "stack.json"
 CLI_SUBJECT = "meshserve-cli"
 CLI_TOKEN_TTL_S = 3600.0
 LOOPBACK = {"127.0.0.1", "localhost", "::1", "[::1]"}
@@ -49,15 +48,6 @@ class Endpoint:
         if self.root_certificates is None:
             return grpc.aio.insecure_channel(self.address)
         return grpc.aio.secure_channel(self.address, self._credentials())
-
-
-def read_state(log_dir: Path) -> dict | None:
-    """The running stack's stack.json in `log_dir`, or None when there is none (or it is half written)."""
-    try:
-        data = json.loads((log_dir / STATE_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 def same_address(a: str, b: str) -> bool:

@@ -1,5 +1,5 @@
-"""What `make run` / `meshserve up --demo` print after the demo: how to call the running endpoint yourself (with the
-stack's CA and a token when the ingress is secure)."""
+"""What `meshserve up` prints once the stack is up (with `--demo`, after the demo): how to call the running endpoint
+yourself (with the stack's CA and a token when the ingress is secure)."""
 
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ def how_to_call(address: str, ca: Path | None = None, log_dir: Path | None = Non
 
     With `ca` (a secure ingress), every example uses TLS trusting that CA and sends `$TOKEN`, which the first
     line sets with `meshserve token`; the meshserve CLI finds both itself through the stack's `log_dir` (None: the
-    default `.logs`, which the commands need not be told).
+    default log dir, which the commands find from any folder).
     """
     flag = f" --log-dir {log_dir}" if log_dir is not None else ""
     if ca is None:

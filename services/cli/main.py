@@ -1,4 +1,4 @@
-"""The `meshserve` console script: up, token, infer, demo, status, canary, traces."""
+"""The `meshserve` console script: up, token, ca, infer, demo, status, canary, traces."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.console import Console
 
+from services.cli.stack.state import default_log_dir, stack_address
 from services.traces.cli import app as traces_app
 
 if TYPE_CHECKING:
@@ -37,8 +38,16 @@ PORT_BASE_HELP = (
     "gRPC ports from here (gateway +0, model v1 +1/+11, feature +2, cache +3, canary +21; metrics +1000); "
     "0 picks free ports."
 )
+DEFAULT_ADDRESS = "127.0.0.1:8080"
+DEFAULT_LOG_DIR = default_log_dir()
 Address = Annotated[
-    str, typer.Option("--address", "-a", help="Ingress host:port (Envoy; with `up --no-mesh`, the gateway's :8000).")
+    str | None,
+    typer.Option(
+        "--address",
+        "-a",
+        help=f"host:port to call (default: the ingress of the stack in --log-dir, or its gateway with `up --no-mesh`; "
+        f"{DEFAULT_ADDRESS} when none runs there).",
+    ),
 ]
 StackDir = Annotated[
     Path,
@@ -56,12 +65,14 @@ CaFile = Annotated[
 
 
 def _endpoint(
-    address: str, log_dir: Path, token: str | None, ca: Path | None, subject: str = "meshserve-cli"
+    address: str | None, log_dir: Path, token: str | None, ca: Path | None, subject: str = "meshserve-cli"
 ) -> Endpoint:
+    """Where and how to call: `address`, else the entry of the stack running in `log_dir` (TLS and a token as it
+    wants them)."""
     from services.cli.connect import ConnectError, resolve
 
     try:
-        return resolve(address, log_dir, token, ca, subject)
+        return resolve(address or stack_address(log_dir, DEFAULT_ADDRESS), log_dir, token, ca, subject)
     except ConnectError as e:
         err.print(f"[red]connect[/]: {e}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
@@ -111,7 +122,7 @@ def up(
     port_base: PortBase = 8000,
     gateway_port: GatewayPort = None,
     topology: TopologyFile = None,
-    log_dir: UpLogDir = Path(".logs"),
+    log_dir: UpLogDir = DEFAULT_LOG_DIR,
     models: Models = None,
     pipelines: Pipelines = None,
     redis_url: RedisUrl = None,
@@ -205,11 +216,11 @@ def infer(
     json_: Annotated[
         str, typer.Option("--json", "-j", help="One row object or a list of rows (JSON); @file reads a file.")
     ],
-    address: Address = "127.0.0.1:8080",
+    address: Address = None,
     debug: Annotated[bool, typer.Option(help="Ask for per-stage timings (request parameter debug=true).")] = False,
     version: Annotated[str, typer.Option(help="Model version (empty: the server's choice).")] = "",
     timeout: Annotated[float, typer.Option(help="Seconds per RPC.")] = 10.0,
-    log_dir: StackDir = Path(".logs"),
+    log_dir: StackDir = DEFAULT_LOG_DIR,
     token: Token = None,
     ca: CaFile = None,
 ) -> None:
@@ -225,7 +236,7 @@ def infer(
         err.print(f"[red]bad input[/]: {e}", highlight=False)
         raise typer.Exit(2) from None
     except grpc.RpcError as e:
-        err.print(f"[red]{pipeline}[/]: {rpc_error_message(e, address)}", highlight=False, soft_wrap=True)
+        err.print(f"[red]{pipeline}[/]: {rpc_error_message(e, endpoint.address)}", highlight=False, soft_wrap=True)
         raise typer.Exit(1) from None
     print(dumps(result))
 
@@ -234,13 +245,13 @@ def infer(
 def demo(
     duration: Annotated[float, typer.Option(min=0.1, help="Seconds of traffic.")] = 20.0,
     concurrency: Annotated[int, typer.Option(min=1, max=1024, help="Concurrent requests in flight.")] = 8,
-    address: Address = "127.0.0.1:8080",
+    address: Address = None,
     pipeline: Annotated[str, typer.Option(help="Pipeline taking fraud transactions.")] = "fraud",
     seed: Annotated[int, typer.Option(help="Traffic generator seed.")] = 0,
     repeat: Annotated[float, typer.Option(min=0, max=1, help="Share of requests re-sending an earlier one.")] = 0.3,
     live: Annotated[bool | None, typer.Option(help="Live view (default: when stdout is a terminal).")] = None,
     summary_json: Annotated[Path | None, typer.Option(help="Also write the summary here as JSON.")] = None,
-    log_dir: StackDir = Path(".logs"),
+    log_dir: StackDir = DEFAULT_LOG_DIR,
     token: Token = None,
     ca: CaFile = None,
 ) -> None:
@@ -254,7 +265,7 @@ def demo(
     try:
         summary = asyncio.run(run_demo(endpoint, duration, concurrency, pipeline, seed, repeat, live=live))
     except grpc.RpcError as e:
-        err.print(f"[red]{pipeline}[/]: {rpc_error_message(e, address)}", highlight=False, soft_wrap=True)
+        err.print(f"[red]{pipeline}[/]: {rpc_error_message(e, endpoint.address)}", highlight=False, soft_wrap=True)
         raise typer.Exit(1) from None
     if not (console.is_terminal if live is None else live):  # the live view already shows the final figures
         console.print(render(summary))
@@ -272,7 +283,7 @@ def demo(
 
 @app.command()
 def status(
-    log_dir: Annotated[Path, typer.Option(help="Where `meshserve up` wrote stack.json.")] = Path(".logs"),
+    log_dir: Annotated[Path, typer.Option(help="Where `meshserve up` wrote stack.json.")] = DEFAULT_LOG_DIR,
     port_base: Annotated[int, typer.Option(help="Without stack.json: the ports of this base.")] = 8000,
 ) -> None:
     """Health of each process of the local stack (grpc.health.v1, Envoy's /ready, Valkey's PING) and its ingress."""
@@ -292,7 +303,7 @@ def token(
     ttl: Annotated[str, typer.Option(help="How long it is valid: 30d, 12h, 90m, 45s or seconds.")] = "30d",
     log_dir: Annotated[
         Path, typer.Option(help="The --log-dir of `meshserve up` (its secrets/ sign the token).")
-    ] = Path(".logs"),
+    ] = DEFAULT_LOG_DIR,
 ) -> None:
     """Print a JWT for CLIENT (or, with --operator, the operator) that the local stack's ingress accepts."""
     from services.cli.stack.credentials import SecretsError
@@ -307,6 +318,21 @@ def token(
     except (ValueError, TokenError) as e:
         err.print(f"[red]token[/]: {e}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
+
+
+@app.command("ca")
+def ca_path(
+    log_dir: Annotated[Path, typer.Option(help="The --log-dir of `meshserve up`.")] = DEFAULT_LOG_DIR,
+) -> None:
+    """Print the absolute path of the local stack's CA certificate, which clients trust for the ingress's TLS
+    (grpcurl -cacert, tritonclient's root_certificates, perf_analyzer's --ssl-grpc-root-certifications-file)."""
+    from services.cli.stack.credentials import StackSecrets
+
+    path = StackSecrets.of(log_dir).ca_cert
+    if not path.is_file():
+        err.print(f"[red]ca[/]: no CA certificate at {path} (`meshserve up` makes it)", highlight=False, soft_wrap=True)
+        raise typer.Exit(1)
+    print(path)
 
 
 app.add_typer(
@@ -348,7 +374,7 @@ def _canary(log_dir: Path, service: str, **change_args: object) -> None:
 
 
 @canary_app.command("show")
-def canary_show(service: Service = "model", log_dir: LogDir = Path(".logs")) -> None:
+def canary_show(service: Service = "model", log_dir: LogDir = DEFAULT_LOG_DIR) -> None:
     """The split in force, e.g. `model: v1 90%, v2 10%`."""
     _canary(log_dir, service)
 
@@ -359,7 +385,7 @@ def canary_set(
     percent: Annotated[
         str, typer.Argument(help="Canary (v2) percent, e.g. 25; or explicit weights such as v1=50,v2=50.")
     ],
-    log_dir: LogDir = Path(".logs"),
+    log_dir: LogDir = DEFAULT_LOG_DIR,
 ) -> None:
     """Send PERCENT of the split traffic to the canary: `meshserve canary set model 25`."""
     from services.cli.canary import CanaryError, parse_weights
@@ -379,13 +405,13 @@ def canary_set(
 
 
 @canary_app.command("promote")
-def canary_promote(service: Service = "model", log_dir: LogDir = Path(".logs")) -> None:
+def canary_promote(service: Service = "model", log_dir: LogDir = DEFAULT_LOG_DIR) -> None:
     """All split traffic to the canary (v2)."""
     _canary(log_dir, service, promote=True)
 
 
 @canary_app.command("rollback")
-def canary_rollback(service: Service = "model", log_dir: LogDir = Path(".logs")) -> None:
+def canary_rollback(service: Service = "model", log_dir: LogDir = DEFAULT_LOG_DIR) -> None:
     """All split traffic back to the stable subset (v1)."""
     _canary(log_dir, service, rollback=True)
 

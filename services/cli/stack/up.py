@@ -17,11 +17,12 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from services.cli.connect import STATE_FILE, Endpoint
+from services.cli.connect import Endpoint
 from services.cli.stack.credentials import StackSecrets
 from services.cli.stack.layout import MESH_DIR, StackLayout
 from services.cli.stack.mesh import render_mesh, wait_in_rotation
 from services.cli.stack.specs import ProcessSpec, build_specs, busy_ports
+from services.cli.stack.state import STATE_FILE, default_log_dir
 from services.cli.stack.supervisor import BackoffPolicy, StackError, Supervisor, grpc_health
 
 
@@ -156,7 +157,7 @@ async def run_stack(
         if endpoint is None:
             return run.exit_code()
         run.save_state()
-        announce(run, endpoint)
+        announce(run, endpoint, example=demo_s <= 0)
         if demo_s > 0:
             ca = secrets.ca_cert if endpoint.tls else None
             await run.until_stopped(run_demo_and_explain(endpoint, demo_s, console, ca, _custom_log_dir(log_dir)))
@@ -227,8 +228,9 @@ async def reach_entry(run: StackRun) -> Endpoint | None:
     return endpoint
 
 
-def announce(run: StackRun, endpoint: Endpoint) -> None:
-    """`stack is up` with the entry and the demo command, and where the trace UI is."""
+def announce(run: StackRun, endpoint: Endpoint, example: bool = True) -> None:
+    """`stack is up` with the entry and the demo command, where the trace UI is, and with `example` how to call the
+    entry yourself (a run with a demo prints that after the demo instead)."""
     layout, console = run.layout, run.console
     entry = endpoint.address
     console.print(
@@ -244,11 +246,19 @@ def announce(run: StackRun, endpoint: Endpoint) -> None:
             else "head sampling"
         )
         console.print(f"trace UI at {ui} (search, waterfalls, hotspots; {kept})", highlight=False, soft_wrap=True)
+    if example:
+        from services.cli.howto import how_to_call
+
+        ca = run.secrets.ca_cert if endpoint.tls else None
+        console.rule()
+        console.print(
+            how_to_call(entry, ca, _custom_log_dir(run.log_dir)), highlight=False, markup=False, soft_wrap=True
+        )
 
 
 def _custom_log_dir(log_dir: Path) -> Path | None:
-    """`log_dir` unless it is the default `.logs` of the current folder (which the commands find themselves)."""
-    return None if log_dir == Path(".logs").resolve() else log_dir
+    """`log_dir` unless it is the default one (which the commands find themselves, from any folder)."""
+    return None if log_dir.resolve() == default_log_dir().resolve() else log_dir
 
 
 def _log_dir_flag(log_dir: Path | None) -> str:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from concurrent import futures
+from pathlib import Path
 
 import grpc
 import numpy as np
@@ -13,6 +15,7 @@ from typer.testing import CliRunner
 from services.cli.demo import DemoStats, histogram_lines, run_demo
 from services.cli.infer import infer
 from services.cli.main import app
+from services.cli.stack.state import STATE_FILE
 from services.common.tensor_codec import decode_request_inputs, encode_raw
 from services.protos import inference_pb2, inference_pb2_grpc
 from tests.helpers.servers import free_port
@@ -151,3 +154,22 @@ def render_text(summary: object) -> str:
     console = Console(width=200, record=True)
     console.print(render(summary))  # type: ignore[arg-type]
     return console.export_text()
+
+
+def test_infer_and_demo_call_the_entry_of_the_stack_in_their_log_dir(
+    gateway: tuple[str, FakeGateway], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without --address, a command calls the ingress that the stack.json of its --log-dir names, from any folder."""
+    address, servicer = gateway
+    logs = tmp_path / "other-stack"
+    logs.mkdir()
+    (logs / STATE_FILE).write_text(json.dumps({"ingress": address, "gateway": "127.0.0.1:1", "insecure": True}))
+    monkeypatch.chdir(tmp_path)
+    runner = CliRunner()
+    before = servicer.requests
+    ok = runner.invoke(app, ["infer", "fraud", "--json", ROW, "--log-dir", str(logs)])
+    assert ok.exit_code == 0, ok.output
+    assert servicer.requests == before + 1
+    demo = runner.invoke(app, ["demo", "--duration", "0.3", "--concurrency", "1", "--no-live", "--log-dir", str(logs)])
+    assert demo.exit_code == 0, demo.output
+    assert servicer.requests > before + 1

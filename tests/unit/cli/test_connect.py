@@ -14,11 +14,12 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from rich.console import Console
 from typer.testing import CliRunner
 
-from services.cli.connect import STATE_FILE, ConnectError, Endpoint, resolve, same_address
+from services.cli.connect import ConnectError, Endpoint, resolve, same_address
 from services.cli.demo import run_demo
 from services.cli.infer import infer
 from services.cli.main import app
 from services.cli.stack.credentials import StackSecrets
+from services.cli.stack.state import STATE_FILE
 from services.cli.status import check_all, grpc_status
 from services.common import tokens
 from services.protos import inference_pb2_grpc

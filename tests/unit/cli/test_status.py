@@ -14,8 +14,8 @@ import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from rich.console import Console
 
-from services.cli.connect import STATE_FILE
 from services.cli.howto import how_to_call
+from services.cli.stack.state import STATE_FILE
 from services.cli.status import check_all, grpc_status, targets
 from tests.helpers.servers import free_port
 

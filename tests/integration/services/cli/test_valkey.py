@@ -14,10 +14,10 @@ import redis.asyncio as aioredis
 import redis.exceptions
 from rich.console import Console
 
-from services.cli.connect import STATE_FILE
 from services.cli.stack.credentials import StackSecrets
 from services.cli.stack.layout import StackLayout
 from services.cli.stack.specs import valkey_spec
+from services.cli.stack.state import STATE_FILE
 from services.cli.stack.supervisor import BackoffPolicy, Supervisor
 from services.cli.status import check_all
 from services.common.embedded import ping, redis_url, write_valkey_config
