@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from services.cli.stack.layout import MESH_DIR
+
+if TYPE_CHECKING:
+    from services.mesh import LocalMesh
 
 
 class CanaryError(ValueError):
@@ -31,17 +35,30 @@ def change(
     promote: bool = False,
     rollback: bool = False,
 ) -> dict[str, int]:
-    """Apply at most one change to the mesh `meshserve up` runs with this log dir; the split in force."""
+    """Apply at most one change to the mesh `meshserve up` runs with this log dir; the split in force.
+
+    A share for a subset no replica of the stack serves (the canary of `meshserve up --no-canary`) is refused.
+    """
     from services.mesh import LocalMesh, MeshConfigError
 
+    wanted = {"v2": 100} if promote else {"v1": 100} if rollback else weights
     try:
         mesh = LocalMesh.attach(log_dir / MESH_DIR)
-        if promote:
-            return mesh.promote(service)
-        if rollback:
-            return mesh.rollback(service)
-        if weights is not None:
-            return mesh.set_weights(service, weights)
-        return mesh.weights(service)
+        if wanted is None:
+            return mesh.weights(service)
+        refuse_unserved(mesh, service, wanted)
+        return mesh.set_weights(service, wanted)
     except MeshConfigError as e:
         raise CanaryError(f"{e} (is `meshserve up` running with --log-dir {log_dir} and the mesh?)") from None
+
+
+def refuse_unserved(mesh: LocalMesh, service: str, weights: dict[str, int]) -> None:
+    """CanaryError when `weights` give a share to a subset that no replica of `service` serves."""
+    mesh.subsets(service)  # MeshConfigError for a service the mesh does not know
+    served = {r.labels.get("version") for r in mesh.topology.services[service].replicas}
+    unserved = sorted(subset for subset, w in weights.items() if w > 0 and subset not in served)
+    if unserved:
+        raise CanaryError(
+            f"{service}: no replica serves {', '.join(unserved)} in this stack (started with --no-canary?); "
+            f"its replicas serve {', '.join(sorted(s for s in served if s)) or 'nothing'}"
+        )

