@@ -3,17 +3,19 @@ queries the UI's JSON API uses (`services.traces.query`); importing it is inert.
 
 from __future__ import annotations
 
+import errno
 import sys
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
 from rich.console import Console
 
+from services.cli.stack.state import default_log_dir, read_state
 from services.traces import query
 from services.traces.analysis import hotspot_line
-from services.traces.store import DEFAULT_DB, TraceFilter, TraceStore
+from services.traces.store import TraceFilter, TraceStore
 
 app = typer.Typer(
     name="traces",
@@ -23,7 +25,10 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-Db = Annotated[Path, typer.Option("--db", help="The trace store's SQLite file.")]
+DEFAULT_DB = default_log_dir() / "traces.sqlite"  # where `meshserve up` keeps it by default, from any folder
+Db = Annotated[
+    Path, typer.Option("--db", help="The trace store's SQLite file (`meshserve up --log-dir`'s traces.sqlite).")
+]
 Pipeline = Annotated[str | None, typer.Option("--pipeline", help="Only this pipeline's traces.")]
 Status = Annotated[str | None, typer.Option("--status", help="ok or error.")]
 Degraded = Annotated[bool | None, typer.Option("--degraded/--not-degraded", help="Only degraded (or other) answers.")]
@@ -151,7 +156,16 @@ def show(
 @app.command()
 def hotspots(
     db: Db = DEFAULT_DB,
-    last: Annotated[int | None, typer.Option("--last", min=1, help="The most recent N traces (default 100).")] = None,
+    last: Annotated[
+        int | None,
+        typer.Option(
+            "--last",
+            min=1,
+            max=query.MAX_ANALYSED,
+            help=f"The most recent N traces the filters keep (default: {query.ANALYSED}; with --since, every trace in "
+            f"the window up to {query.MAX_ANALYSED}).",
+        ),
+    ] = None,
     since: Since = None,
     slowest: Annotated[int, typer.Option("--slowest", min=0, help="Critical paths shown (slowest first).")] = 3,
     html: Annotated[Path | None, typer.Option("--html", help="Also write this self-contained HTML page.")] = None,
@@ -166,16 +180,18 @@ def hotspots(
     traces the filters keep: `--min-ms 40` reads the slow ones alone)."""
     from services.traces.render import critical_paths, stage_table
 
-    if last is None and since is None:
-        last = query.ANALYSED
+    if last is None:
+        last = query.ANALYSED if since is None else query.MAX_ANALYSED
     what = search_filter(pipeline, status, degraded, trigger, min_ms, max_ms, since, last)
     with _open(db) as store:
         result = query.hotspots(store, what, slowest)
+        matching = store.count(what)
     console = _console()
     if not result.traces:
         console.print(f"no traces in {db}" + (f" in the last {since}" if since else ""), highlight=False, markup=False)
         raise typer.Exit(1)
     console.print(stage_table(result))
+    console.print(considered(len(result.traces), matching, last), highlight=False, markup=False)
     if result.slowest:
         console.print("critical path of the slowest traces:", highlight=False)
         for line in critical_paths(result):
@@ -189,6 +205,14 @@ def hotspots(
     console.print(hotspot_line(result), highlight=False, markup=False)
 
 
+def considered(read: int, matching: int, last: int) -> str:
+    """How many of the matching traces an analysis read, and how to read more when it did not read them all."""
+    if read >= matching:
+        return f"considered all {read} matching traces"
+    more = f"--last {min(matching, query.MAX_ANALYSED)} reads more" if last < query.MAX_ANALYSED else "narrow --since"
+    return f"considered the latest {read} of {matching} matching traces ({more})"
+
+
 @app.command()
 def ui(
     db: Db = DEFAULT_DB,
@@ -200,7 +224,10 @@ def ui(
 
     if not db.exists():
         _missing(db)
-    server = TraceUI(db, host, port)
+    try:
+        server = TraceUI(db, host, port)
+    except OSError as exc:
+        _cannot_bind(host, port, db, exc)
     Console().print(f"trace UI at {server.url} (store {db}); Ctrl-C stops", highlight=False, markup=False)
     try:
         server.serve_forever()
@@ -208,3 +235,21 @@ def ui(
         pass
     finally:
         server.stop()
+
+
+def _cannot_bind(host: str, port: int, db: Path, exc: OSError) -> NoReturn:
+    """Say why the UI cannot listen (the port in use: by the running stack's own UI, if it is), what to do, exit 1."""
+    err = Console(stderr=True, highlight=False, soft_wrap=True)
+    if exc.errno != errno.EADDRINUSE:
+        err.print(f"cannot serve the trace UI on {host}:{port}: {exc.strerror or exc}", markup=False)
+        raise typer.Exit(1)
+    err.print(f"port {port} on {host} is in use.", markup=False)
+    for folder in dict.fromkeys((db.parent, default_log_dir())):
+        state = read_state(folder)
+        if state is not None and state.get("traces_ui"):
+            err.print(
+                f"The running stack (log dir {folder}) already serves this UI at {state['traces_ui']}", markup=False
+            )
+            break
+    err.print("Choose another port with --port N (--port 0 picks a free one).", markup=False)
+    raise typer.Exit(1)

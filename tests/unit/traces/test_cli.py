@@ -188,3 +188,36 @@ def test_ui_serves_until_interrupted(db: Path, monkeypatch: pytest.MonkeyPatch) 
     assert served and served[0].startswith("http://127.0.0.1:")
     assert f"trace UI at {served[0]}" in result.output
     assert runner.invoke(app, ["ui", "--db", str(db.parent / "none.sqlite")]).exit_code == 1
+
+
+def test_hotspots_since_reads_every_trace_in_the_window_and_says_how_many(tmp_path: Path) -> None:
+    path = tmp_path / "many.sqlite"
+    base = time.time_ns() - 200 * 10**9
+    with TraceStore(path) as store:
+        for i in range(130):  # more than a search without a window reads
+            store.insert(pipeline(i, base_ns=base))
+    window = runner.invoke(app, ["hotspots", "--db", str(path), "--since", "10m", "--slowest", "0"])
+    assert window.exit_code == 0, window.output
+    assert "130 traces" in window.output and "considered all 130 matching traces" in window.output
+    latest = runner.invoke(app, ["hotspots", "--db", str(path), "--slowest", "0"])
+    assert "considered the latest 100 of 130 matching traces (--last 130 reads more)" in latest.output
+    five = runner.invoke(app, ["hotspots", "--db", str(path), "--since", "10m", "--last", "5", "--slowest", "0"])
+    assert "considered the latest 5 of 130 matching traces" in five.output
+
+
+def test_ui_on_a_port_in_use_says_so_and_points_to_the_stacks_own_ui(db: Path) -> None:
+    import json
+    import socket
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        url = f"http://127.0.0.1:{port}/"
+        (db.parent / "stack.json").write_text(json.dumps({"traces_ui": url}))  # the stack whose store this is
+        result = runner.invoke(app, ["ui", "--db", str(db), "--port", str(port)])
+    assert result.exit_code == 1, result.output
+    assert isinstance(result.exception, SystemExit)  # no OSError, no traceback
+    assert f"port {port} on 127.0.0.1 is in use" in result.output
+    assert f"already serves this UI at {url}" in result.output
+    assert "--port N" in result.output
