@@ -11,12 +11,24 @@ from services.mesh.istio import NOT_APPLICABLE_LOCALLY
 from services.mesh.local import DEFAULT_WORKDIR, LocalMesh
 from services.mesh.topology import MeshTopology, unix_path
 
+EXAMPLE_TOPOLOGY = Path(__file__).resolve().parent / "example_topology.yaml"
+
+
+def default_istio() -> Path:
+    """`./istio` when there is one, else the repository checkout's `istio/` (so the command runs from any folder)."""
+    here = Path("istio")
+    return here if here.is_dir() else Path(__file__).resolve().parents[2] / "istio"
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m services.mesh", description=__doc__)
     parser.add_argument("action", choices=["render", "validate", "run", "not-applicable"])
-    parser.add_argument("--topology", type=Path, help="topology YAML (services, replicas, listeners)")
-    parser.add_argument("--istio", type=Path, nargs="+", default=[Path("istio")], help="istio folders/files, in order")
+    parser.add_argument(
+        "--topology", type=Path, help=f"topology YAML (services, replicas, listeners), e.g. {EXAMPLE_TOPOLOGY}"
+    )
+    parser.add_argument(
+        "--istio", type=Path, nargs="+", default=[default_istio()], help="istio folders/files, in order"
+    )
     parser.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR, help="where envoy.yaml and routes/ go")
     args = parser.parse_args(argv)
     if args.action == "not-applicable":
@@ -24,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{field}: {why}")
         return 0
     if args.topology is None:
-        parser.error("--topology is required")
+        parser.error(f"--topology is required (an example: {EXAMPLE_TOPOLOGY})")
     try:
         mesh = LocalMesh(MeshTopology.load(args.topology), args.istio, args.workdir)
         if args.action == "render":

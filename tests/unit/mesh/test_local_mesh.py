@@ -73,3 +73,19 @@ def test_command_line_render_and_not_applicable(tmp_path: Path, capsys: pytest.C
     assert "PeerAuthentication: mutual TLS" in capsys.readouterr().out
     assert main(["render", "--topology", str(tmp_path / "none.yaml"), "--workdir", str(tmp_path / "w")]) == 2
     assert "none.yaml" in capsys.readouterr().err
+
+
+def test_the_shipped_example_topology_renders_from_any_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from services.mesh.__main__ import EXAMPLE_TOPOLOGY
+
+    monkeypatch.chdir(tmp_path)  # no istio/ here: the checkout's is used
+    assert main(["render", "--topology", str(EXAMPLE_TOPOLOGY)]) == 0
+    assert capsys.readouterr().out.strip() == str(tmp_path / ".meshserve" / "mesh" / "envoy.yaml")
+    mesh = LocalMesh.attach(tmp_path / ".meshserve" / "mesh")
+    assert sorted(mesh.topology.services) == ["cache", "feature", "gateway", "model"]
+    assert mesh.weights("model") == {"v1": 90, "v2": 10}
+    with pytest.raises(SystemExit):
+        main(["validate"])
+    assert str(EXAMPLE_TOPOLOGY) in capsys.readouterr().err

@@ -72,3 +72,9 @@ def test_command_line_validate_and_error(tmp_path: Path, capsys: pytest.CaptureF
         "dr.yaml: DestinationRule 'model': spec.trafficPolicy.outlierDetection.consecutiveErrors"
         in capsys.readouterr().err
     )
+
+
+def test_the_shipped_example_topology_is_valid(tmp_path: Path) -> None:
+    from services.mesh.__main__ import EXAMPLE_TOPOLOGY, main
+
+    assert main(["validate", "--topology", str(EXAMPLE_TOPOLOGY), "--workdir", str(tmp_path / "w")]) == 0
