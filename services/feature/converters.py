@@ -4,17 +4,18 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from services.feature.featureset import Features, FeatureSet, Scalar
+from services.feature.domain import Features, FieldValue
+from services.feature.featureset import FeatureSet
 from services.protos import feature_pb2 as pb
 
 FEATURE_DTYPE = "FP32"  # every output column; the matrix travels as little-endian float32, row-major
 
 
-def rows_from_pb(rows: Iterable[pb.Row]) -> list[dict[str, Scalar | None]]:
+def rows_from_pb(rows: Iterable[pb.Row]) -> list[dict[str, FieldValue | None]]:
     """Typed Python values per field (None where a Value has no kind set: the handler names it)."""
     out = []
     for row in rows:
-        fields: dict[str, Scalar | None] = {}
+        fields: dict[str, FieldValue | None] = {}
         for name, value in row.fields.items():
             kind = value.WhichOneof("kind")
             fields[name] = None if kind is None else getattr(value, kind)

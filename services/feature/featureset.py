@@ -15,6 +15,7 @@ from services.common.errors import InvalidArgument
 from services.common.tracing import child_span
 from services.feature import transforms as tf
 from services.feature.bounds import FP32_MAX, SHOWN_VALUE_CHARS, fits_fp32
+from services.feature.domain import Features, FieldValue
 from services.feature.spec import (
     Aggregate,
     Clip,
@@ -37,7 +38,6 @@ from services.feature.store import AggregatePlan, AggregateResult
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("meshserve.feature")
 
-Scalar = str | int | float | bool
 PY_TYPE = {str: "string", int: "int64", float: "double", bool: "bool"}
 NP_DTYPE = {"string": object, "int64": np.int64, "double": np.float64, "bool": np.bool_}
 
@@ -63,17 +63,6 @@ class Prepared:
     out: np.ndarray  # (rows, columns) FP32, the prepared columns filled in
     values: dict[str, np.ndarray]  # one-column outputs by name (ratios read them)
     defaulted: np.ndarray
-
-
-@dataclass
-class Features:
-    """A computed batch: (rows, columns) FP32 and per-row flags."""
-
-    matrix: np.ndarray
-    defaulted: np.ndarray
-    degraded: np.ndarray
-    # (rows, aggregates) where the store gave a value FP32 cannot hold (its row took defaults), None: nowhere
-    nonfinite: np.ndarray | None = None
 
 
 class FeatureSet:
@@ -132,7 +121,7 @@ class FeatureSet:
 
     def columns(
         self,
-        rows: Sequence[Mapping[str, Scalar | None]],
+        rows: Sequence[Mapping[str, FieldValue | None]],
         fields: Sequence[str] | None = None,
         what: str = "row",
         max_field_bytes: int | None = None,
@@ -146,7 +135,7 @@ class FeatureSet:
         columns: dict[str, np.ndarray] = {}
         for name in wanted:
             expected = inputs[name]
-            values: list[Scalar | None] = [row.get(name) for row in rows]
+            values: list[FieldValue | None] = [row.get(name) for row in rows]
             kinds = set(map(type, values))  # one Python type of the expected kind: every value is valid
             if len(kinds) != 1 or PY_TYPE.get(kinds.pop()) != expected:
                 for r, row in enumerate(rows):  # name the first bad row and field
@@ -174,7 +163,7 @@ class FeatureSet:
         return columns
 
     def event_columns(
-        self, events: Sequence[Mapping[str, Scalar | None]], max_field_bytes: int | None = None
+        self, events: Sequence[Mapping[str, FieldValue | None]], max_field_bytes: int | None = None
     ) -> dict[str, np.ndarray]:
         """Validated columns of what Ingest needs; a value its sum / mean / max aggregates cannot hold is refused.
 

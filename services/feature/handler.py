@@ -21,14 +21,14 @@ from services.common.errors import InvalidArgument, NotFound, Unavailable, quote
 from services.common.server import Lifecycle
 from services.common.tracing import child_span
 from services.feature import metrics
-from services.feature.featureset import Features, FeatureSet, Scalar, load_feature_sets
+from services.feature.domain import Features, Row
+from services.feature.featureset import FeatureSet, load_feature_sets
 from services.feature.settings import FeatureSettings
 from services.feature.store import FAILURES, AggregateResult, IngestRefused, OnlineStore
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("meshserve.feature")
 
-Row = Mapping[str, Scalar | None]
 NONFINITE_LOG_EVERY_S = 10.0  # at most one log line per interval about non-finite aggregates from the store
 
 

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from services.common.tensor_codec import decode_request_inputs, encode_raw
 from services.common.triton_config import MODEL_CONFIG_DATA_TYPES
 from services.model.config import ModelConfig
-from services.model.handler import InferenceRequest, InferenceResponse, ModelMetadata, ServerMetadata
+from services.model.domain import InferenceRequest, InferenceResponse, ModelMetadata, ServerMetadata
 from services.model.manager import RepositoryEntry
 from services.model.stats import Duration, VersionStats
 from services.model.version import ModelVersion

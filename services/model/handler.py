@@ -6,12 +6,10 @@ The servicer only converts protobuf to these calls and back; tests and tools can
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
-
-import numpy as np
 
 from services.common.errors import InvalidArgument, MeshserveError, quoted_names
 from services.common.server import Lifecycle
+from services.model.domain import InferenceRequest, InferenceResponse, ModelMetadata, ServerMetadata
 from services.model.manager import ModelManager, RepositoryEntry
 from services.model.stats import VersionStats
 from services.model.validation import validate_inputs
@@ -27,40 +25,6 @@ EXTENSIONS = (
     "statistics",
     "binary_tensor_data",
 )
-
-
-@dataclass(frozen=True, slots=True)
-class ServerMetadata:
-    """Who answers: the server's name, version and the protocol extensions it supports."""
-
-    name: str
-    version: str
-    extensions: tuple[str, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class ModelMetadata:
-    """One version whose tensors to describe, and every ready version of its model (ascending)."""
-
-    version: ModelVersion
-    ready_versions: list[int]
-
-
-@dataclass(slots=True)
-class InferenceRequest:
-    model_name: str
-    model_version: str
-    inputs: dict[str, np.ndarray]
-    id: str = ""
-    requested_outputs: list[str] = field(default_factory=list)
-
-
-@dataclass(slots=True)
-class InferenceResponse:
-    model_name: str
-    model_version: str
-    outputs: dict[str, np.ndarray]
-    id: str = ""
 
 
 class ModelHandler:

@@ -6,7 +6,8 @@ import numpy as np
 
 from services.feature import converters
 from services.feature.api import to_row
-from services.feature.featureset import Features, load_feature_sets
+from services.feature.domain import Features
+from services.feature.featureset import load_feature_sets
 from services.feature.settings import ROOT
 from services.protos import feature_pb2 as pb
 from tests.helpers.fixtures import fraud_row

@@ -8,7 +8,8 @@ import pytest
 from services.common.errors import InvalidArgument
 from services.common.tensor_codec import decode_tensor, encode_raw, fill_contents
 from services.model import converters
-from services.model.handler import InferenceRequest, InferenceResponse, ModelHandler, ModelMetadata, ServerMetadata
+from services.model.domain import InferenceRequest, InferenceResponse, ModelMetadata, ServerMetadata
+from services.model.handler import ModelHandler
 from services.model.manager import RepositoryEntry
 from services.model.stats import VersionStats
 from services.protos import inference_pb2 as pb

@@ -10,7 +10,8 @@ import pytest
 
 from services.common.errors import DeadlineExceeded, InvalidArgument, NotFound, Unavailable
 from services.common.server import Lifecycle
-from services.model.handler import EXTENSIONS, InferenceRequest, ModelHandler, ModelMetadata, ServerMetadata
+from services.model.domain import InferenceRequest, ModelMetadata, ServerMetadata
+from services.model.handler import EXTENSIONS, ModelHandler
 from services.model.manager import RepositoryEntry
 from services.model.stats import VersionStats
 from services.model.version import ModelVersion

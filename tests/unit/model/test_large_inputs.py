@@ -14,7 +14,8 @@ import pytest
 
 from services.common.errors import InvalidArgument
 from services.common.server import Lifecycle
-from services.model.handler import InferenceRequest, ModelHandler
+from services.model.domain import InferenceRequest
+from services.model.handler import ModelHandler
 from services.model.manager import ModelManager
 from services.model.repository import ModelRepository
 from services.model.validation import LARGEST_INPUT, validate_inputs

@@ -1,5 +1,6 @@
 """The gateway's image carries neither Redis nor torch: importing its entry point in a clean interpreter pulls
-in neither, and of the feature and model services only their public client modules."""
+in neither, and of the feature and model services only their public surfaces (api, and the client and domain
+types behind it)."""
 
 from __future__ import annotations
 
@@ -43,6 +44,7 @@ def test_the_gateway_uses_other_services_only_through_their_api_modules() -> Non
     modules = loaded_modules()
     assert not [m for m in modules if m.split(".")[0] in ("redis", "torch")]
     feature_and_model = {m for m in modules if m.startswith(("services.feature", "services.model"))}
-    assert feature_and_model <= {"services.feature", "services.feature.api", "services.model", "services.model.api"}
+    surfaces = {f"services.{s}{room}" for s in ("feature", "model") for room in ("", ".api", ".client", ".domain")}
+    assert feature_and_model <= surfaces, sorted(feature_and_model - surfaces)
     assert "services.cache.api" in modules
     assert not {"services.cache.handler", "services.cache.redis_tier", "services.cache.servicer"} & set(modules)
