@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.chaos import faults as faults
+from bench.chaos import faults
 
 
 def write_state(log_dir: Path, names: dict[str, int]) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bench.chaos import report as report
+from bench.chaos import report
 from bench.chaos.outcomes import DEGRADED, REFUSED, WHOLE
 from bench.chaos.phases import FAULT, Figures, Phase, Sample, assess_all
 
