@@ -53,10 +53,11 @@ def change(
 
 
 def refuse_unserved(mesh: LocalMesh, service: str, weights: dict[str, int]) -> None:
-    """CanaryError when `weights` give a share to a subset that no replica of `service` serves."""
-    mesh.subsets(service)  # MeshConfigError for a service the mesh does not know
+    """CanaryError when `weights` give a share to a subset of the split that no replica of `service` serves (a subset
+    the split does not know is LocalMesh.set_weights's error)."""
+    split = mesh.subsets(service)  # MeshConfigError for a service the mesh does not know
     served = {r.labels.get("version") for r in mesh.topology.services[service].replicas}
-    unserved = sorted(subset for subset, w in weights.items() if w > 0 and subset not in served)
+    unserved = sorted(subset for subset, w in weights.items() if w > 0 and subset in split and subset not in served)
     if unserved:
         raise CanaryError(
             f"{service}: no replica serves {', '.join(unserved)} in this stack (started with --no-canary?); "

