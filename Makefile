@@ -89,9 +89,13 @@ chaos: setup models
 clean:
 	rm -rf $(VENV) $(MODELS_STAMP) models/*/[0-9]*/ models/bench/*/[0-9]*/
 
-.PHONY: gpu-check
-# Every GPU path this machine has (torch CUDA, ONNX Runtime CUDA/TensorRT EPs, native TensorRT): the GPU tests,
-# outputs against the CPU, rows/s, perf_analyzer c=1/c=32, memory over 20 reloads, cost per million; without a
-# GPU one line and exit 0.
+.PHONY: gpu-check gpu-bundle
+# The GPU paths this machine has (torch CUDA FP32/FP16 beside ONNX Runtime on the CPU; ONNX Runtime CUDA/TensorRT and
+# native TensorRT reported present or missing): the GPU tests, FP16 vs FP32, batch invariance, memory over 20
+# reloads, rows/s, served infer/s with GPU utilisation from /metrics, cost per million; without a GPU each part says
+# why it did not run. docs/gpu.md.
 gpu-check: setup models
 	$(PY) -m tests.gpu.check
+# The folder a GPU machine's run carries (.gpu-bundle/: wheels for its Python 3.12, models, pycuda's sdist, run.sh).
+gpu-bundle: setup models
+	$(PY) tools/gpu_bundle.py

@@ -21,7 +21,7 @@ from services.model.config import ModelConfig
 from services.model.export import onnx_session
 from services.model.manager import ModelManager
 from services.model.repository import ModelRepository
-from tests.gpu.check import RELOADS, reload_memory
+from tests.gpu.measure import RELOADS, reload_memory
 from tests.gpu.variants import FRAUD, HEAVY, INT8_VARIANTS, TOLERANCE, VARIANTS, Variant, missing, variant_config
 
 MEMORY_SLACK = 64 << 20  # allocator and driver bookkeeping: a leak of buffers or engines is far larger

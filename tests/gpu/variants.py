@@ -7,6 +7,7 @@ pycuda are only looked up (find_spec), never imported, until a GPU is known to b
 from __future__ import annotations
 
 import importlib.util
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,8 +17,13 @@ import yaml
 from services.model.backends.gpu import why_no_gpu
 
 ROOT = Path(__file__).resolve().parents[2]
-HEAVY = ROOT / "models" / "bench" / "heavy_mlp"
-FRAUD = ROOT / "models" / "fraud_mlp"
+# The model repository the GPU tests read: `make models`'s, or the one `python -m tests.gpu.check` prepared from a
+# device bundle (it names it here for the pytest process it starts).
+MODELS_ENV = "MESHSERVE_GPU_MODELS"
+MODELS = Path(os.environ.get(MODELS_ENV) or ROOT / "models")
+HEAVY = MODELS / "bench" / "heavy_mlp"
+FRAUD = MODELS / "fraud_mlp"
+FP16_FILE = "model_fp16.pt"  # beside model.pt: the same TorchScript module computing in FP16 (tests/gpu/models.py)
 TOLERANCE = {"FP32": 1e-4, "FP16": 1e-2}  # against ONNX Runtime on the CPU, the reference
 
 
@@ -59,6 +65,13 @@ VARIANTS = [
         {"backend": "tensorrt", "device": "cuda", "optimization": _accelerator("FP16")},
     ),
 ]
+# torch on CUDA in FP16: the torchscript backend has no precision setting, so the version ships an FP16 file.
+TORCH_FP16 = Variant(
+    "torch CUDA FP16",
+    "torch",
+    "FP16",
+    {"backend": "torchscript", "device": "cuda", "default_model_filename": FP16_FILE},
+)
 # The INT8 (Q/DQ) version on each GPU path that serves it: precision comes from the file.
 INT8_VARIANTS = [
     Variant("onnxruntime CUDA EP INT8", "onnxruntime-cuda", "INT8", {"backend": "onnxruntime", "device": "cuda"}),
