@@ -23,6 +23,7 @@ from services.cache.l1 import L1Cache
 from services.cache.redis_tier import FAILURES, RedisTier
 from services.cache.settings import CacheSettings
 from services.common.errors import InvalidArgument
+from services.common.redis import redact
 from services.common.server import Lifecycle
 from services.common.tracing import child_span
 
@@ -54,6 +55,7 @@ class CacheHandler:
         self.lifecycle = lifecycle if lifecycle is not None else Lifecycle()
         self.l1 = L1Cache(settings.l1_max_bytes, settings.l1_max_ttl_s)
         self.redis: RedisTier | None = None
+        self._redis_address = redact(redis_url) if redis_url else None  # for the log: no password
         if redis_url:
             self.redis = RedisTier(
                 redis_url,
@@ -293,6 +295,12 @@ class CacheHandler:
         if self.l1.evictions > self._evictions_reported:
             metrics.L1_EVICTIONS.inc(self.l1.evictions - self._evictions_reported)
             self._evictions_reported = self.l1.evictions
+
+    async def start(self) -> None:
+        """Check that Redis answers. One that does not is a warning, not a failure: the cache serves from L1 alone
+        until it answers."""
+        if self.redis is not None and not await self.ping():
+            log.warning("redis at %s does not answer; serving from L1 only until it does", self._redis_address)
 
     async def close(self) -> None:
         self.fanout.close()

@@ -18,6 +18,7 @@ from opentelemetry import trace
 
 from services.common.budgets import LatencyBudget
 from services.common.errors import InvalidArgument, NotFound, Unavailable, quoted
+from services.common.redis import redact
 from services.common.server import Lifecycle
 from services.common.tracing import child_span
 from services.feature import metrics
@@ -59,6 +60,7 @@ class FeatureHandler:
         self.lifecycle = lifecycle if lifecycle is not None else Lifecycle()  # the server's, when served
         self.sets = load_feature_sets(settings.features_dir)
         self.store = OnlineStore(redis_url, settings.key_prefix, settings.redis_max_connections)
+        self._store_address = redact(redis_url)  # for the log: no password
         self._nonfinite_log = Throttle(NONFINITE_LOG_EVERY_S)
         # The lookup budget guards against a sick Redis, not a busy machine: it stretches with the store's recent
         # healthy read latency (at most 4x; services.common.budgets).
@@ -221,6 +223,14 @@ class FeatureHandler:
             raise Unavailable(f"online store unavailable ({type(exc).__name__})") from exc
         metrics.INGESTED.labels(set_id).inc(n)
         return n
+
+    async def start(self) -> None:
+        """Load the store's scripts, so the first Compute is one round trip too. A store that does not answer is a
+        warning, not a failure: aggregates take their defaults until it answers."""
+        if not await self.store.prepare():
+            log.warning(
+                "redis at %s does not answer; aggregates take their defaults until it does", self._store_address
+            )
 
     async def close(self) -> None:
         await self.store.close()

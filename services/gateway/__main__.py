@@ -17,13 +17,22 @@ from services.protos import inference_pb2_grpc
 log = logging.getLogger("services.gateway")
 
 
-async def serve(settings: GatewaySettings) -> None:
+def build(settings: GatewaySettings) -> tuple[GrpcService, GatewayHandler]:
+    """The server with the GatewayServicer on a handler running the pipelines folder's pipelines: its `start` connects
+    to the model, feature and cache services, its `close` finishes pending cache stores and lets them go. With
+    always-on recording, the gateway is also the edge whose triggers decide which traces are kept."""
     service = GrpcService("gateway", settings, [SERVICE_NAME])
     handler = GatewayHandler(settings, service.lifecycle)
     if service.recorder is not None:  # always-on recording: the gateway is the edge that keeps traces
         service.recorder.edge = EdgeTriggers(handler.pipelines, RecordingSettings())
     inference_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(GatewayServicer(handler), service.server)
     log.info("pipelines: %s", ", ".join(sorted(handler.pipelines)) or "none")
+    return service, handler
+
+
+async def serve(settings: GatewaySettings) -> None:
+    """Build, then serve until SIGTERM."""
+    service, handler = build(settings)
     await service.run(handler.start, handler.close)
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import sys
 
 from services.common.logs import setup_logging
 from services.common.operator_check import OperatorCheck
@@ -15,78 +14,41 @@ from services.model.manager import ModelManager
 from services.model.repository import ModelRepository
 from services.model.servicer import OPERATOR_RPCS, SERVICE_NAME, ModelServicer
 from services.model.settings import ModelSettings
-from services.model.watcher import watch_repository
 from services.protos import inference_pb2_grpc
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("services.model")
 
 
-class ModelService:
-    """The parts wired together: the shared GrpcService, the ModelManager, its ModelHandler and the servicer.
-
-    `run` serves until SIGTERM: models load (then health says SERVING), the repository is watched, and after
-    the server drained every version unloads.
-    """
-
-    def __init__(self, settings: ModelSettings) -> None:
-        self.settings = settings
-        self.server = GrpcService("model", settings, [SERVICE_NAME])
-        self.manager = ModelManager(
-            ModelRepository(settings.repository),
-            drain_timeout_s=settings.grace_period_s,
-            pinned_versions=settings.pinned_versions,
-            fault_delay_ms=settings.fault_delay_ms,
-            inline_max_forward_us=settings.inline_max_forward_us,
-        )
-        self.handler = ModelHandler(self.manager, self.server.lifecycle)
-        self.operator = OperatorCheck(
-            settings.admin_token.get_secret_value(), ModelSettings.env_name("admin_token"), OPERATOR_RPCS
-        )
-        servicer = ModelServicer(self.handler, self.operator)
-        inference_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, self.server.server)
-        self._stop_watch = asyncio.Event()
-        self._tasks: list[asyncio.Task[None]] = []
-
-    async def run(self) -> None:
-        await self.server.run(self._on_start, self._on_stop)
-
-    async def _on_start(self) -> None:
-        settings = self.settings
-        self.operator.announce(log)
-        await self.manager.load_all(settings.models or None)
-        if not settings.torch_threads:
-            self._one_thread_if_all_inline()
-        if settings.watch and settings.repository.is_dir():
-            watch = watch_repository(
-                self.manager, settings.watch_debounce_ms, settings.watch_force_polling, self._stop_watch
-            )
-            self._tasks.append(asyncio.create_task(watch))
-
-    def _one_thread_if_all_inline(self) -> None:
-        """With no thread count configured and every version loaded at start running inline, torch gets one
-        intra-op thread: a forward short enough for the event loop gains nothing from a second thread, whose
-        spinning takes the core the loop's gRPC work needs. Versions loaded later do not change it."""
-        versions = [mv for entry in self.manager.models.values() for mv in entry.ready.values()]
-        if versions and all(mv.execution == "inline" for mv in versions) and "torch" in sys.modules:
-            import torch
-
-            torch.set_num_threads(1)
-            log.info("every model runs inline: torch uses 1 intra-op thread (MESHSERVE_MODEL_TORCH_THREADS overrides)")
-
-    async def _on_stop(self) -> None:
-        self._stop_watch.set()
-        for task in self._tasks:
-            task.cancel()
-        await self.manager.close()
+def build(settings: ModelSettings) -> tuple[GrpcService, ModelHandler]:
+    """The server with the ModelServicer on a handler over the repository's ModelManager: its `start` loads the
+    models (health says SERVING after) and watches the repository, its `close` unloads every version once the server
+    drained. Load and Unload need the operator's token when the settings have one (said in the log either way)."""
+    service = GrpcService("model", settings, [SERVICE_NAME])
+    manager = ModelManager(
+        ModelRepository(settings.repository),
+        drain_timeout_s=settings.grace_period_s,
+        pinned_versions=settings.pinned_versions,
+        fault_delay_ms=settings.fault_delay_ms,
+        inline_max_forward_us=settings.inline_max_forward_us,
+    )
+    handler = ModelHandler(manager, service.lifecycle, settings)
+    operator = OperatorCheck(
+        settings.admin_token.get_secret_value(), ModelSettings.env_name("admin_token"), OPERATOR_RPCS
+    )
+    operator.announce(log)
+    inference_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(ModelServicer(handler, operator), service.server)
+    return service, handler
 
 
 async def serve(settings: ModelSettings) -> None:
+    """Build, then serve until SIGTERM (torch's thread count and the GPU gauges are the process's, set first)."""
     if settings.torch_threads:
         import torch
 
         torch.set_num_threads(settings.torch_threads)
     register_gpu_metrics()
-    await ModelService(settings).run()
+    service, handler = build(settings)
+    await service.run(handler.start, handler.close)
 
 
 def main() -> None:

@@ -1,11 +1,16 @@
-"""The model service's domain handler: inference, metadata, config, statistics and repository actions.
+"""The model service's domain handler: inference, metadata, config, statistics and repository actions, and what
+the served process does at start (load, watch the repository) and after draining (unload).
 
 The servicer only converts protobuf to these calls and back; tests and tools can use this directly.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import sys
 import time
+from typing import TYPE_CHECKING
 
 from services.common.errors import InvalidArgument, MeshserveError, quoted_names
 from services.common.server import Lifecycle
@@ -14,6 +19,12 @@ from services.model.manager import ModelManager, RepositoryEntry
 from services.model.stats import VersionStats
 from services.model.validation import validate_inputs
 from services.model.version import ModelVersion
+from services.model.watcher import watch_repository
+
+if TYPE_CHECKING:
+    from services.model.settings import ModelSettings
+
+log = logging.getLogger(__name__)
 
 SERVER_NAME = "meshserve"
 SERVER_VERSION = "0.1.0"
@@ -28,11 +39,52 @@ EXTENSIONS = (
 
 
 class ModelHandler:
-    """Everything the v2 RPCs do, in domain types; liveness and readiness come from the service's Lifecycle."""
+    """Everything the v2 RPCs do, in domain types; liveness and readiness come from the service's Lifecycle.
 
-    def __init__(self, manager: ModelManager, lifecycle: Lifecycle) -> None:
+    `start` and `close` are the served process's first and last steps; `settings` say which models `start` loads,
+    whether it watches the repository and whether it may choose torch's thread count (None: every model of the
+    repository, nothing watched, threads left alone).
+    """
+
+    def __init__(self, manager: ModelManager, lifecycle: Lifecycle, settings: ModelSettings | None = None) -> None:
         self.manager = manager
         self.lifecycle = lifecycle
+        self.settings = settings
+        self._stop_watch = asyncio.Event()
+        self._watch: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Load the models (a failure is logged, not raised), then follow the repository's changes."""
+        settings = self.settings
+        if settings is None:
+            await self.manager.load_all()
+            return
+        await self.manager.load_all(settings.models or None)
+        if not settings.torch_threads:
+            self._one_thread_if_all_inline()
+        if settings.watch and settings.repository.is_dir():
+            watch = watch_repository(
+                self.manager, settings.watch_debounce_ms, settings.watch_force_polling, self._stop_watch
+            )
+            self._watch = asyncio.create_task(watch)
+
+    def _one_thread_if_all_inline(self) -> None:
+        """With no thread count configured and every version loaded at start running inline, torch gets one
+        intra-op thread: a forward short enough for the event loop gains nothing from a second thread, whose
+        spinning takes the core the loop's gRPC work needs. Versions loaded later do not change it."""
+        versions = [mv for entry in self.manager.models.values() for mv in entry.ready.values()]
+        if versions and all(mv.execution == "inline" for mv in versions) and "torch" in sys.modules:
+            import torch
+
+            torch.set_num_threads(1)
+            log.info("every model runs inline: torch uses 1 intra-op thread (MESHSERVE_MODEL_TORCH_THREADS overrides)")
+
+    async def close(self) -> None:
+        """Stop watching the repository and unload every version (after the server drained)."""
+        self._stop_watch.set()
+        if self._watch is not None:
+            self._watch.cancel()
+        await self.manager.close()
 
     def live(self) -> bool:
         return self.lifecycle.live

@@ -25,42 +25,60 @@ from services.traces.writer import SpanWriter
 log = logging.getLogger("services.traces")
 
 
-async def serve(settings: TracesSettings) -> None:
-    """Start the writer, the UI (with a UI port) and the OTLP/gRPC server; at SIGTERM drain, then write what is
-    queued and stop."""
-    # The UI binds first, so that a taken port fails the start before anything runs.
-    ui = TraceUI(settings.db, settings.ui_host, settings.ui_port) if settings.ui_port is not None else None
-    writer = SpanWriter(
-        settings.db, settings.max_spans, settings.max_age_s, settings.batch_max_spans, settings.queue_max_spans
-    )
-    writer.start()
-    names = [SERVICE_NAME] + ([LOGS_SERVICE_NAME] if settings.recording_port is not None else [])
-    service = GrpcService("traces", settings, names)
-    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(TracesServicer(writer), service.server)
-    access: AccessLogAdmin | None = None
-    if settings.recording_port is not None:
-        buffer = AccessLogBuffer(settings.recording_max_records)
-        logs_service_pb2_grpc.add_LogsServiceServicer_to_server(AccessLogServicer(buffer), service.server)
-        access = AccessLogAdmin(buffer, settings.host, settings.recording_port)
+class TraceStoreParts:
+    """What runs beside the trace store's gRPC server: the span writer its OTLP servicer hands spans to, the UI (with
+    a UI port) and the access-log endpoint with its buffer (with a recording port). `start` once the server
+    listens; `close` after it drained writes what is queued and stops them."""
 
-    async def on_start() -> None:
+    def __init__(self, settings: TracesSettings) -> None:
+        self.settings = settings
+        # The UI binds first, so that a taken port fails the start before anything runs.
+        self.ui = TraceUI(settings.db, settings.ui_host, settings.ui_port) if settings.ui_port is not None else None
+        self.writer = SpanWriter(
+            settings.db, settings.max_spans, settings.max_age_s, settings.batch_max_spans, settings.queue_max_spans
+        )
+        self.buffer: AccessLogBuffer | None = None
+        self.access: AccessLogAdmin | None = None
+        if settings.recording_port is not None:
+            self.buffer = AccessLogBuffer(settings.recording_max_records)
+            self.access = AccessLogAdmin(self.buffer, settings.host, settings.recording_port)
+
+    async def start(self) -> None:
+        settings = self.settings
+        self.writer.start()
         log.info("keeping up to %d spans in %s", settings.max_spans, settings.db)
-        if ui is not None:
-            ui.start()
-            log.info("trace UI at %s", ui.url)
-        if access is not None:
-            access.start()
-            log.info("access log records for retroactive collection on http://%s:%d", settings.host, access.port)
+        if self.ui is not None:
+            self.ui.start()
+            log.info("trace UI at %s", self.ui.url)
+        if self.access is not None:
+            port = self.access.start()
+            log.info("access log records for retroactive collection on http://%s:%d", settings.host, port)
 
-    async def on_stop() -> None:
-        if access is not None:
-            await asyncio.to_thread(access.stop)
-        if ui is not None:
-            await asyncio.to_thread(ui.stop)
-        await asyncio.to_thread(writer.close)
-        log.info("wrote %d spans, rejected %d", writer.written, writer.rejected)
+    async def close(self) -> None:
+        if self.access is not None:
+            await asyncio.to_thread(self.access.stop)
+        if self.ui is not None:
+            await asyncio.to_thread(self.ui.stop)
+        await asyncio.to_thread(self.writer.close)
+        log.info("wrote %d spans, rejected %d", self.writer.written, self.writer.rejected)
 
-    await service.run(on_start, on_stop)
+
+def build(settings: TracesSettings) -> tuple[GrpcService, TraceStoreParts]:
+    """The server with the OTLP TraceService on the span writer, and the LogsService for Envoy's access log when
+    the settings have a recording port; and the parts that run beside it."""
+    parts = TraceStoreParts(settings)
+    names = [SERVICE_NAME] + ([LOGS_SERVICE_NAME] if parts.buffer is not None else [])
+    service = GrpcService("traces", settings, names)
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(TracesServicer(parts.writer), service.server)
+    if parts.buffer is not None:
+        logs_service_pb2_grpc.add_LogsServiceServicer_to_server(AccessLogServicer(parts.buffer), service.server)
+    return service, parts
+
+
+async def serve(settings: TracesSettings) -> None:
+    """Build, then serve until SIGTERM: drain, then write what is queued and stop."""
+    service, parts = build(settings)
+    await service.run(parts.start, parts.close)
 
 
 def parse_args(argv: list[str] | None = None) -> dict[str, object]:

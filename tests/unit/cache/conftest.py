@@ -6,15 +6,13 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-import grpc
 import pytest
 
+from services.cache.__main__ import build
 from services.cache.handler import CacheHandler
-from services.cache.servicer import SERVICE_NAME, CacheServicer
 from services.common.server import GrpcService
-from services.protos import cache_pb2_grpc
 from tests.helpers.fixtures import cache_settings
-from tests.helpers.inprocess import serving_in_process
+from tests.helpers.inprocess import serving_built
 from tests.helpers.servers import free_port
 
 
@@ -40,13 +38,8 @@ async def make_handler() -> AsyncIterator[Callable[..., CacheHandler]]:
 
 
 @pytest.fixture()
-async def cache_server(make_handler: Callable[..., CacheHandler]) -> AsyncIterator[GrpcService]:
-    """The real CacheService (L1 only, heartbeats every 0.2 s) on a loopback port, in this process."""
-    handler = make_handler(watch_heartbeat_s=0.2)
-
-    def register(server: grpc.aio.Server) -> None:
-        cache_pb2_grpc.add_CacheServiceServicer_to_server(CacheServicer(handler), server)
-
-    async with serving_in_process("cache", handler.settings, SERVICE_NAME, register, handler) as service:
-        service.drain_hooks.append(handler.drain)
+async def cache_server() -> AsyncIterator[GrpcService]:
+    """The real CacheService as `python -m services.cache` wires it (L1 only, heartbeats every 0.2 s) on a loopback
+    port, in this process."""
+    async with serving_built(*build(cache_settings(watch_heartbeat_s=0.2))) as service:
         yield service

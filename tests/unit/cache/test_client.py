@@ -4,16 +4,16 @@ project's errors (lookups and stores fail open; bad input, invalidate, stats and
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import aclosing
 
 import grpc
 import pytest
 
+from services.cache.__main__ import build
 from services.cache.client import CacheClient
 from services.cache.domain import Invalidation
 from services.cache.handler import CacheHandler
-from services.cache.servicer import SERVICE_NAME, CacheServicer
 from services.common.errors import (
     DeadlineExceeded,
     Internal,
@@ -26,7 +26,8 @@ from services.common.errors import (
 from services.common.server import GrpcService
 from services.protos import cache_pb2 as pb
 from services.protos import cache_pb2_grpc as pb_grpc
-from tests.helpers.inprocess import serving_in_process
+from tests.helpers.fixtures import cache_settings
+from tests.helpers.inprocess import serving_built
 from tests.helpers.servers import free_port
 
 
@@ -79,17 +80,10 @@ async def test_client_fails_open_when_the_cache_is_down() -> None:
         await client.close()
 
 
-async def test_a_cache_whose_redis_refuses_connections_is_all_misses_through_the_client(
-    make_handler: Callable[..., CacheHandler], refused_redis_url: str
-) -> None:
+async def test_a_cache_whose_redis_refuses_connections_is_all_misses_through_the_client(refused_redis_url: str) -> None:
     """The real servicer and handler on a Redis URL nothing listens on: lookups miss, stores are kept in L1 only
     (not stored), and after `circuit_failures` failures the circuit is open, which Stats reports."""
-    handler = make_handler(refused_redis_url, l1_max_bytes=0)
-
-    def register(server: grpc.aio.Server) -> None:
-        pb_grpc.add_CacheServiceServicer_to_server(CacheServicer(handler), server)
-
-    async with serving_in_process("cache", handler.settings, SERVICE_NAME, register, handler) as service:
+    async with serving_built(*build(cache_settings(redis_url=refused_redis_url, l1_max_bytes=0))) as service:
         client = CacheClient(target(service), timeout_s=5.0)
         try:
             assert not await client.store(b"k", b"v", pipeline="p", model_name="m", model_version="1", ttl_s=60)

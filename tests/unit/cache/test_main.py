@@ -7,16 +7,16 @@ import asyncio
 
 import pytest
 
-from services.cache.__main__ import wire
+from services.cache.__main__ import build
 from services.cache.client import CacheClient
 from services.cache.settings import CacheSettings
 from tests.helpers.fixtures import cache_settings
 
 
-async def test_wire_serves_the_cache_and_a_stop_drains_its_watchers(refused_redis_url: str) -> None:
-    service, handler = wire(cache_settings(watch_heartbeat_s=30, shutdown_delay_s=0), refused_redis_url)
+async def test_build_serves_the_cache_and_a_stop_drains_its_watchers(refused_redis_url: str) -> None:
+    service, handler = build(cache_settings(watch_heartbeat_s=30, shutdown_delay_s=0, redis_url=refused_redis_url))
     assert handler.lifecycle is service.lifecycle and not handler.ready()
-    running = asyncio.ensure_future(service.run(None, handler.close))
+    running = asyncio.ensure_future(service.run(handler.start, handler.close))
     try:
         for _ in range(500):
             if handler.ready():

@@ -264,33 +264,33 @@ async def test_a_delayed_model_never_runs_inline(tmp_path: Path) -> None:
 async def test_the_service_gives_torch_one_thread_when_every_model_runs_inline(tmp_path: Path) -> None:
     import torch
 
-    from services.model.__main__ import ModelService
+    from services.model.__main__ import build
     from services.model.settings import ModelSettings
 
     write_model(tmp_path, "small", mlp_config("small", dynamic_batching={}), {1: Mlp(1)})
     before = torch.get_num_threads()
-    service = ModelService(ModelSettings(repository=tmp_path, watch=False, port=0, metrics_port=0))
+    _, handler = build(ModelSettings(repository=tmp_path, watch=False, port=0, metrics_port=0))
     try:
-        await service._on_start()
-        assert service.manager.get("small").execution == "inline"
+        await handler.start()
+        assert handler.manager.get("small").execution == "inline"
         assert torch.get_num_threads() == 1
     finally:
-        await service._on_stop()
+        await handler.close()
         torch.set_num_threads(before)
 
 
 async def test_a_model_on_threads_keeps_torchs_default_thread_count(tmp_path: Path) -> None:
     import torch
 
-    from services.model.__main__ import ModelService
+    from services.model.__main__ import build
     from services.model.settings import ModelSettings
 
     write_model(tmp_path, "small", mlp_config("small", dynamic_batching={}), {1: Mlp(1)})
     write_model(tmp_path, "big", mlp_config("big", execution="thread"), {1: Mlp(2)})
     torch.set_num_threads(2)
-    service = ModelService(ModelSettings(repository=tmp_path, watch=False, port=0, metrics_port=0))
+    _, handler = build(ModelSettings(repository=tmp_path, watch=False, port=0, metrics_port=0))
     try:
-        await service._on_start()
+        await handler.start()
         assert torch.get_num_threads() == 2
     finally:
-        await service._on_stop()
+        await handler.close()

@@ -1,5 +1,5 @@
 """The model service's v2 RPCs over a real in-process gRPC server: the servicer, the shared interceptors, and the
-wiring of `python -m services.model` (ModelService) from start to drain."""
+wiring of `python -m services.model` (its build) from start to drain."""
 
 from __future__ import annotations
 
@@ -14,9 +14,8 @@ import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from services.common.server import GrpcService
 from services.common.tensor_codec import decode_tensor, encode_raw
-from services.model.__main__ import ModelService
+from services.model.__main__ import build
 from services.model.handler import ModelHandler
 from services.model.servicer import SERVICE_NAME, ModelServicer, deadline_of
 from services.model.settings import ModelSettings
@@ -201,9 +200,8 @@ def test_deadline_of_turns_time_remaining_into_a_monotonic_instant() -> None:
 
 
 async def test_model_service_serves_after_loading_and_unloads_after_drain(repo: Path) -> None:
-    service = ModelService(model_settings(repo, grace_period_s=1.0))
-    server: GrpcService = service.server
-    running = asyncio.create_task(service.run())
+    server, handler = build(model_settings(repo, grace_period_s=1.0))
+    running = asyncio.create_task(server.run(handler.start, handler.close))
     try:
         for _ in range(600):
             if server.lifecycle.ready or running.done():
@@ -225,4 +223,4 @@ async def test_model_service_serves_after_loading_and_unloads_after_drain(repo: 
         if not running.done():
             server.request_stop()
             await asyncio.wait_for(running, 30)
-    assert all(not entry.ready for entry in service.manager.models.values())
+    assert all(not entry.ready for entry in handler.manager.models.values())

