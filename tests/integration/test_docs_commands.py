@@ -149,11 +149,18 @@ def run(block: Block, code: str, cwd: Path, env: dict[str, str], preamble: str =
     try:
         done = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
     except subprocess.TimeoutExpired as e:
-        pytest.fail(f"{block.id} ran past {TIMEOUT_S}s:\n{code}\n--- output ---\n{e.stdout}\n{e.stderr}")
+        printed = "\n".join(_text(part) for part in (e.stdout, e.stderr))
+        pytest.fail(f"{block.id} ran past {TIMEOUT_S}s:\n{code}\n--- output ---\n{printed}")
     assert done.returncode == 0, (
         f"{block.id} exited {done.returncode}:\n{code}\n--- stdout ---\n{done.stdout[-4000:]}\n"
         f"--- stderr ---\n{done.stderr[-4000:]}"
     )
+
+
+def _text(data: str | bytes | None) -> str:
+    if data is None:
+        return ""
+    return data.decode(errors="replace") if isinstance(data, bytes) else data
 
 
 def test_every_doctest_marker_is_understood() -> None:
