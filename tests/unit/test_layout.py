@@ -165,3 +165,72 @@ def test_no_function_is_longer_than_60_lines_unless_its_docstring_says_why() -> 
             if lines > MAX_FUNCTION_LINES and LONG_BECAUSE not in (ast.get_docstring(node) or ""):
                 offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.name} has {lines} lines")
     assert not offenders, "\n".join(offenders)
+
+
+# A service's api.py is its public surface: a list of re-exports (imports and `__all__`, nothing defined there), the
+# client class behind it in client.py. Every shaped service keeps its domain types in domain.py, and its __main__.py
+# has one `build(settings)` that returns the server and its handler, which `serve` runs and `main` calls.
+API_STATEMENTS = (ast.Import, ast.ImportFrom)
+MAINS = [*sorted(SHAPED), "traces"]
+
+
+def api_modules() -> list[Path]:
+    return sorted(p for p in SERVICES.rglob("api.py") if "__pycache__" not in p.parts)
+
+
+@pytest.mark.parametrize("path", api_modules(), ids=lambda p: str(p.relative_to(SERVICES)))
+def test_an_api_module_only_re_exports(path: Path) -> None:
+    tree = ast.parse(path.read_text(), str(path))
+    body = tree.body[1:] if ast.get_docstring(tree) is not None else tree.body
+    imported: set[str] = set()
+    exported: list[str] | None = None
+    for node in body:
+        if isinstance(node, API_STATEMENTS):
+            if not (isinstance(node, ast.ImportFrom) and node.module == "__future__"):
+                imported |= {alias.asname or alias.name for alias in node.names}
+        elif (
+            isinstance(node, ast.Assign)
+            and [getattr(t, "id", None) for t in node.targets] == ["__all__"]
+            and isinstance(node.value, ast.List | ast.Tuple)
+        ):
+            exported = [ast.literal_eval(e) for e in node.value.elts]
+        else:
+            raise AssertionError(f"{path.relative_to(ROOT)}:{node.lineno}: an api module only imports and lists")
+    assert exported is not None, f"{path.relative_to(ROOT)} has no __all__"
+    assert set(exported) == imported, f"{path.relative_to(ROOT)}: __all__ must list exactly what it imports"
+    service = path.parent.name
+    client = SERVICES / service / "client.py"
+    assert client.exists(), f"services/{service}/client.py is missing: the client class lives there"
+    assert f"services.{service}.client" in imported_modules(path), f"{path.relative_to(ROOT)} re-exports no client"
+
+
+@pytest.mark.parametrize("service", sorted(SHAPED))
+def test_every_service_keeps_its_domain_types_in_domain_py(service: str) -> None:
+    assert (SERVICES / service / "domain.py").exists(), f"services/{service}/domain.py is missing"
+
+
+def top_level_functions(path: Path) -> dict[str, ast.FunctionDef | ast.AsyncFunctionDef]:
+    tree = ast.parse(path.read_text(), str(path))
+    return {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
+
+
+def calls(node: ast.AST) -> set[str]:
+    """The names of the functions a function calls by name (`f(...)`; for `a.f(...)`, f)."""
+    found = set()
+    for call in ast.walk(node):
+        if isinstance(call, ast.Call):
+            func = call.func
+            found.add(func.id if isinstance(func, ast.Name) else getattr(func, "attr", ""))
+    return found
+
+
+@pytest.mark.parametrize("service", MAINS)
+def test_every_main_builds_with_one_build_function(service: str) -> None:
+    functions = top_level_functions(SERVICES / service / "__main__.py")
+    where = f"services/{service}/__main__.py"
+    build, serve, main = (functions.get(name) for name in ("build", "serve", "main"))
+    assert isinstance(build, ast.FunctionDef), f"{where} has no build(settings)"
+    assert [a.arg for a in build.args.args] == ["settings"], f"{where}: build takes the settings alone"
+    assert isinstance(serve, ast.AsyncFunctionDef) and "build" in calls(serve), f"{where}: serve does not build"
+    assert main is not None and "serve" in calls(main), f"{where}: main does not serve"
+    assert not {"build", "GrpcService"} & calls(main), f"{where}: main reads settings and serves; build wires"
