@@ -37,7 +37,7 @@ STACK_SHIM = """
 meshserve() {
   local extra=()
   case "${1:-}" in
-    token|status|canary) extra=(--log-dir "$DOCTEST_LOG_DIR") ;;
+    token|ca|status|canary) extra=(--log-dir "$DOCTEST_LOG_DIR") ;;
     infer|demo) extra=(--log-dir "$DOCTEST_LOG_DIR" --address "$DOCTEST_INGRESS") ;;
     traces) extra=(--db "$DOCTEST_LOG_DIR/traces.sqlite") ;;
   esac
