@@ -1,5 +1,6 @@
-"""`services.traces.__main__.serve`: the OTLP receiver and its writer wired into the shared server, in-process on a
-real socket; an exported span is in the SQLite store once SIGTERM has drained it, and in the trace UI when it runs."""
+"""`services.traces.__main__`: the OTLP receiver and its writer wired into the shared server, in-process on a real
+socket; an exported span is in the SQLite store once SIGTERM has drained it, and in the trace UI when it runs; with a
+recording port, Envoy's access log comes in on the same server and collectors are answered beside it."""
 
 from __future__ import annotations
 
@@ -13,9 +14,11 @@ from pathlib import Path
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from opentelemetry.proto.collector.logs.v1 import logs_service_pb2, logs_service_pb2_grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 
-from services.traces.__main__ import parse_args, serve
+from services.traces.__main__ import build, parse_args, serve
+from services.traces.access_logs import SERVICE_NAME as LOGS_SERVICE_NAME
 from services.traces.settings import TracesSettings
 from services.traces.store import TraceStore
 from tests.helpers.servers import free_port
@@ -90,3 +93,30 @@ async def test_serve_with_a_ui_port_serves_the_ui_over_the_store(tmp_path: Path)
         await asyncio.wait_for(task, timeout=15)
     with pytest.raises(OSError):
         await asyncio.to_thread(fetch, "/")  # stopped with the store
+
+
+async def test_build_with_a_recording_port_takes_envoys_access_log_and_answers_collectors(tmp_path: Path) -> None:
+    recording_port = free_port()
+    settings = TracesSettings(
+        host="127.0.0.1", port=0, db=tmp_path / "traces.sqlite", grace_period_s=0.5, recording_port=recording_port
+    )
+    service, parts = build(settings)
+    assert parts.buffer is not None and LOGS_SERVICE_NAME in service.service_names
+
+    def collect() -> tuple[int, dict[str, object]]:
+        connection = http.client.HTTPConnection("127.0.0.1", recording_port, timeout=5)
+        connection.request("POST", "/recording/collect", json.dumps({"trace_ids": [f"{7:032x}"]}))
+        answer = connection.getresponse()
+        return answer.status, json.loads(answer.read())
+
+    await service.start()
+    try:
+        await parts.start()
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{service.port}") as channel:
+            logs = logs_service_pb2_grpc.LogsServiceStub(channel)
+            await logs.Export(logs_service_pb2.ExportLogsServiceRequest(), timeout=5)
+        status, answer = await asyncio.to_thread(collect)
+        assert status == 200 and answer["service"] == "envoy" and answer["spans"] == 0
+    finally:
+        await service.server.stop(0)
+        await parts.close()
