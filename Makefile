@@ -48,6 +48,7 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 	$(PY) tools/gen_protos.py --check
 	$(PY) tools/gen_config_docs.py --check
+	$(PY) tools/gen_module_map.py --check
 
 # Three pytest processes. tests/unit: in-process only. tests/integration/services: real processes (Valkey, Envoy,
 # the services) driven through the project's own stubs. The rest of tests/integration and tests/mesh drive the
@@ -58,6 +59,7 @@ test: setup models
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 	$(PY) tools/gen_config_docs.py --check
+	$(PY) tools/gen_module_map.py --check
 	$(PY) -m pytest tests/unit $(wildcard tests/manifests) $(PYTEST_ARGS)
 	$(PY) -m pytest tests/integration/services $(PYTEST_ARGS)
 	$(PY) -m pytest tests/integration --ignore=tests/integration/services $(wildcard tests/mesh) $(PYTEST_ARGS)
