@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -28,14 +29,30 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def cuda_root(given: str | None = None) -> Path | None:
-    """The CUDA toolkit: `given`, else nvcc's parent folder, else /usr/local/cuda when it has include/cuda.h."""
+    """The CUDA toolkit: `given`, else the first with include/cuda.h of nvcc's parent folder, /usr/local/cuda and
+    /usr/local/cuda-*."""
     if given:
         return Path(given)
+    candidates = [Path("/usr/local/cuda"), *sorted(Path("/usr/local").glob("cuda-*"), reverse=True)]
     nvcc = shutil.which("nvcc")
     if nvcc:
-        return Path(nvcc).resolve().parents[1]
-    default = Path("/usr/local/cuda")
-    return default if (default / "include" / "cuda.h").is_file() else None
+        candidates.insert(0, Path(nvcc).resolve().parents[1])
+    return next((c for c in candidates if (c / "include" / "cuda.h").is_file()), None)
+
+
+def driver_library() -> Path | None:
+    """The driver's libcuda.so.1 (where a toolkit has no stub libcuda.so to link against)."""
+    try:
+        listed = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, check=False).stdout
+    except OSError:
+        listed = ""
+    for line in listed.splitlines():
+        if line.strip().startswith("libcuda.so.1 ") and "=>" in line:
+            return Path(line.split("=>", 1)[1].strip())
+    for folder in ("/usr/local/nvidia/lib64", "/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/local/cuda/compat"):
+        if (Path(folder) / "libcuda.so.1").exists():
+            return Path(folder) / "libcuda.so.1"
+    return None
 
 
 def parallel_compile(jobs: int) -> None:
@@ -94,6 +111,12 @@ def build(sdist: Path, dest: Path, jobs: int, root: Path | None) -> Path:
         archive.extractall(dest, filter="data")
     (source,) = [p for p in dest.iterdir() if p.is_dir() and p.name.startswith("pycuda-")]
     stubs = [str(root / d) for d in ("lib64", "lib64/stubs", "lib", "lib/stubs") if (root / d).is_dir()]
+    if not any((Path(d) / "libcuda.so").exists() for d in stubs):
+        driver = driver_library()
+        if driver is not None:  # no stub to link against: link against the driver itself
+            (dest / "driver").mkdir(parents=True, exist_ok=True)
+            (dest / "driver" / "libcuda.so").symlink_to(driver)
+            stubs.append(str(dest / "driver"))
     (source / "siteconf.py").write_text(
         f"CUDA_ROOT = {str(root)!r}\n"
         f"CUDADRV_LIB_DIR = {stubs!r}\n"
@@ -111,8 +134,10 @@ def build(sdist: Path, dest: Path, jobs: int, root: Path | None) -> Path:
             check=False,
         )
     if done.returncode != 0 or built_module(source) is None:
-        tail = "\n".join(log.read_text(errors="replace").splitlines()[-25:])
-        raise RuntimeError(f"setup.py build_ext exited {done.returncode} (log {log}):\n{tail}")
+        lines = log.read_text(errors="replace").splitlines()
+        errors = [line[:300] for line in lines if re.search(r"\berror:|fatal error|cannot find", line)]
+        shown = "\n".join(errors[-8:] or lines[-15:])
+        raise RuntimeError(f"setup.py build_ext exited {done.returncode} (log {log}):\n{shown}")
     return source
 
 

@@ -24,6 +24,8 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -191,7 +193,7 @@ class Check:
         if self.no_gpu("GPU tests") or self.spent("GPU tests", 60):
             return
         command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", "tests/gpu"]
-        r.line(f"$ {' '.join(command[1:])}")
+        r.line(f"$ python {' '.join(command[1:])}")
         env = {**os.environ, MODELS_ENV: str(self.models)}
         try:
             done = subprocess.run(
@@ -231,9 +233,13 @@ class Check:
             x = rows(COMPARE_ROWS, seed=3)
             answers = {}
             for variant in self.paths:
-                with loaded(model_dir, variant) as model:
-                    answers[variant.precision if variant is not CPU else "CPU"] = scores(model, x, batch=256)
-                    inv = batch_invariance(model)
+                try:
+                    with loaded(model_dir, variant) as model:
+                        answers[variant.precision if variant is not CPU else "CPU"] = scores(model, x, batch=256)
+                        inv = batch_invariance(model)
+                except Exception as exc:
+                    r.fail(f"{name} through {variant.name}: {type(exc).__name__}: {str(exc)[:800]}")
+                    continue
                 identical = "yes" if all(v == 0 for v in inv.values()) else "no"
                 invariance_rows.append([name, variant.name, *inv.values(), identical])
                 for batch, diff in inv.items():
@@ -308,9 +314,13 @@ class Check:
             for variant in self.paths:
                 if self.spent(f"in-process rows/s of {name} through {variant.name}", 15):
                     continue
-                with loaded(model_dir, variant) as model:
-                    repeats, window = (3, 0.05) if self.args.quick else (5, 0.2)
-                    found = rows_per_second(model, batches, repeats, window)
+                repeats, window = (3, 0.05) if self.args.quick else (5, 0.2)
+                try:
+                    with loaded(model_dir, variant) as model:
+                        found = rows_per_second(model, batches, repeats, window)
+                except Exception as exc:
+                    r.fail(f"rows/s of {name} through {variant.name}: {type(exc).__name__}: {str(exc)[:800]}")
+                    continue
                 table.append([name, variant.name, *(found.get(b) for b in BATCHES)])
                 for batch, rate in found.items():
                     r.figure(f"{name}.{key(variant)}.in_process.b{batch}", rate, "rows/s", "forward, input to output")
@@ -463,18 +473,23 @@ class Check:
         else:
             r.fail(f"pycuda probe: {probe['why'][:1500]}")
 
+    def part(self, step: Callable[[], None]) -> None:
+        """Run one part; an exception fails that part alone (a GPU run is too rare to lose to one bug)."""
+        try:
+            step()
+        except Exception as exc:
+            traceback.print_exc()
+            self.report.fail(f"{step.__name__}: {type(exc).__name__}: {str(exc)[:1500]}")
+
     def run(self) -> int:
-        self.environment()
-        self.start_pycuda()
-        self.prepare_models()
+        self.part(self.environment)
+        self.part(self.start_pycuda)
+        self.part(self.prepare_models)
         if self.models is not None:
-            self.gpu_tests()
-            self.precision_and_invariance()
-            self.memory()
-            self.in_process()
-            self.served()
-            self.cost()
-        self.pycuda_part()
+            for step in (self.gpu_tests, self.precision_and_invariance, self.memory, self.in_process, self.served):
+                self.part(step)
+            self.part(self.cost)
+        self.part(self.pycuda_part)
         written = self.report.write(self.out)
         print(f"\nwrote {', '.join(str(p) for p in written)}")
         if self.gpu_reason is None:

@@ -64,8 +64,8 @@ def heavy_recipe(heavy_dir: Path) -> dict[str, Any]:
 
 
 def rebuild_heavy(recipe: dict[str, Any], version_dir: Path) -> list[str]:
-    """Write heavy_mlp's model.pt and model.onnx into `version_dir` from `recipe`; lines saying what matched.
-    RuntimeError when the weights differ from the recipe's (the run would measure another model)."""
+    """Write heavy_mlp's model.pt and model.onnx into `version_dir` from `recipe`; lines saying what matched (a
+    GPU run is too rare to lose: weights that differ from the recipe's are said loudly, not refused)."""
     from models import heavy_mlp
     from services.model.config import load_model_config
     from services.model.export import export_onnx, onnx_session
@@ -73,22 +73,23 @@ def rebuild_heavy(recipe: dict[str, Any], version_dir: Path) -> list[str]:
     started = time.perf_counter()
     module = heavy_mlp.heavy_module(int(recipe["hidden"]), int(recipe["seed"]))
     got = weights_sha256(module)
-    if got != recipe["weights_sha256"]:
-        raise RuntimeError(
-            f"heavy_mlp rebuilt from seed {recipe['seed']} has other weights (sha256 {got[:12]}, the bundle's "
-            f"{recipe['weights_sha256'][:12]}): this torch draws them differently"
-        )
+    same = got == recipe["weights_sha256"]
     heavy_mlp.save_torchscript(module, version_dir / "model.pt")
     config = load_model_config(version_dir.parent / "config.yaml")
     export_onnx(module, config, version_dir / "model.onnx")
     scores = onnx_session(version_dir / "model.onnx").run(None, {"features": recipe_rows()})[0].reshape(-1)
     diff = float(np.abs(scores - np.asarray(recipe["scores"], np.float32)).max())
     same_onnx = file_sha256(version_dir / "model.onnx") == recipe["onnx_sha256"]
+    weights = (
+        f"weights identical (sha256 {got[:12]})"
+        if same
+        else f"WEIGHTS DIFFER (sha256 {got[:12]}, the bundle's {recipe['weights_sha256'][:12]}): this torch draws "
+        "them differently, so the figures are of a model of the same shape, not of the same model"
+    )
     return [
-        f"heavy_mlp v1 rebuilt from seed {recipe['seed']} in {time.perf_counter() - started:.1f} s: weights identical "
-        f"(sha256 {got[:12]})",
+        f"heavy_mlp v1 rebuilt from seed {recipe['seed']} in {time.perf_counter() - started:.1f} s: {weights}",
         f"heavy_mlp model.onnx {'byte-identical to' if same_onnx else 'exported differently from'} the bundle "
-        f"machine's; ONNX Runtime scores of {RECIPE_ROWS} recipe rows within {diff:.2g} of its",
+        f"machine's; ONNX Runtime's scores of {RECIPE_ROWS} recipe rows: max |diff| {diff:.2g} against its",
     ]
 
 

@@ -55,7 +55,7 @@ class Report:
         self.line(f"FAILED {what}")
 
     def table(self, headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
-        print(results.format_table(headers, rows), flush=True)
+        print(results.format_table(headers, [[cell(v) for v in row] for row in rows]), flush=True)
         self.blocks.append("")
         self.blocks.append("| " + " | ".join(headers) + " |")
         self.blocks.append("|" + "---|" * len(headers))
