@@ -485,10 +485,13 @@ class Check:
         self.part(self.environment)
         self.part(self.start_pycuda)
         self.part(self.prepare_models)
-        if self.models is not None:
-            for step in (self.gpu_tests, self.precision_and_invariance, self.memory, self.in_process, self.served):
+        expected = self.gpu_reason is not None and not self.args.cpu_reference  # no models: each part says why
+        for step in (self.gpu_tests, self.precision_and_invariance, self.memory, self.in_process, self.served):
+            if self.models is None and not expected:
+                self.report.skip(step.__name__, "no models to measure (see Models)")
+            else:
                 self.part(step)
-            self.part(self.cost)
+        self.part(self.cost)
         self.part(self.pycuda_part)
         written = self.report.write(self.out)
         print(f"\nwrote {', '.join(str(p) for p in written)}")
