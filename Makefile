@@ -50,9 +50,11 @@ lint: $(STAMP)
 	$(PY) tools/gen_config_docs.py --check
 	$(PY) tools/gen_module_map.py --check
 
-# Three pytest processes. tests/unit: in-process only. tests/integration/services: real processes (Valkey, Envoy,
-# the services) driven through the project's own stubs. The rest of tests/integration and tests/mesh drive the
-# services with tritonclient, whose protobuf package `inference` one process cannot hold beside services.protos.
+# Three pytest processes. tests/unit: in process only (tests/unit/conftest.py refuses to start a process), with
+# tests/manifests (kubectl). tests/integration and tests/fuzz: real processes (Valkey, Envoy, the services)
+# driven through the project's own stubs. tests/compat and tests/mesh: real processes driven by unmodified
+# clients (tritonclient, perf_analyzer), whose protobuf package `inference` one process cannot hold beside
+# services.protos.
 test: setup models
 	@bash tools/ensure_system_packages.sh
 	$(VENV)/bin/ruff check .
@@ -61,8 +63,8 @@ test: setup models
 	$(PY) tools/gen_config_docs.py --check
 	$(PY) tools/gen_module_map.py --check
 	$(PY) -m pytest tests/unit $(wildcard tests/manifests) $(PYTEST_ARGS)
-	$(PY) -m pytest tests/integration/services $(PYTEST_ARGS)
-	$(PY) -m pytest tests/integration --ignore=tests/integration/services $(wildcard tests/mesh) $(PYTEST_ARGS)
+	$(PY) -m pytest tests/integration tests/fuzz $(PYTEST_ARGS)
+	$(PY) -m pytest tests/compat $(wildcard tests/mesh) $(PYTEST_ARGS)
 
 # The whole local stack (Valkey, model v1 x2 + v2 canary, feature, cache, gateway, Envoy from istio/), 20 s of
 # demo traffic with a live view and a summary, then it keeps serving until Ctrl-C.

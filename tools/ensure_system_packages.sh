@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Debian packages some tests use, installed when missing and the machine allows it (root + apt).
 # Never fails: the tests that need a package skip without it, and say so.
-#   libb64-0d:  Triton's perf_analyzer (tests/integration/test_perf_analyzer_compat.py, make bench)
+#   libb64-0d:  Triton's perf_analyzer (tests/compat/test_perf_analyzer_compat.py, make bench)
 #   prometheus: promtool, for `promtool check rules` / `promtool test rules` on the alerts
 #               (tests/manifests/test_observability_rules.py). The package also ships the Prometheus
 #               server; where systemd runs, its service is stopped and disabled again right away.
 #   chromium, chromium-driver: headless Chromium and its WebDriver, for the trace UI's browser test
-#               (tests/integration/test_trace_ui.py, driven by selenium).
+#               (tests/compat/test_trace_ui.py, driven by selenium).
 set -u
 missing=()
 ldconfig -p 2>/dev/null | grep -q 'libb64\.so' || missing+=(libb64-0d)

@@ -1,6 +1,6 @@
 """The supervisor's plan without starting anything: backoff delays, dependency levels, refused specs.
 
-Tests that start child processes are in tests/integration/services/cli/test_supervisor.py.
+Tests that start child processes are in tests/integration/cli/test_supervisor.py.
 """
 
 from __future__ import annotations

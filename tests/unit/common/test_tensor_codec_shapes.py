@@ -1,4 +1,4 @@
-"""Shapes no tensor can have are bad input, found by the RPC fuzzer (tests/integration/services/fuzz): each case
+"""Shapes no tensor can have are bad input, found by the RPC fuzzer (tests/fuzz): each case
 below is one of its examples, which the codec answered with a numpy MemoryError or ValueError (INTERNAL), or with
 a gigabyte allocation that stalled the gateway's event loop for seconds."""
 

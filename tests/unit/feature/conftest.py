@@ -1,5 +1,5 @@
 """Fixtures for in-process feature tests: settings, rows, and handlers on a Redis URL that refuses connections
-(no Valkey here: tests on a real one are in tests/integration/services/feature)."""
+(no Valkey here: tests on a real one are in tests/integration/feature)."""
 
 from __future__ import annotations
 

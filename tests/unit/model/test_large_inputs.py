@@ -1,5 +1,5 @@
 """Finite float inputs too large for a model's arithmetic are bad input, found by the RPC fuzzer
-(tests/integration/services/fuzz): fraud_mlp's raw features with their last four bytes changed to 00 00 00 7f
+(tests/fuzz): fraud_mlp's raw features with their last four bytes changed to 00 00 00 7f
 (1.7e38) made version 2's dynamic INT8 quantization raise ("min should be less than or equal to max"), answered
 INTERNAL for every request of the batch, and version 1 answer NaN."""
 

@@ -1,5 +1,5 @@
 """Spans no sane exporter sends still leave the trace store writing, found by the RPC fuzzer
-(tests/integration/services/fuzz): an end time of 2**64 - 2 ns (a fixed64 past SQLite's signed 64-bit integers)
+(tests/fuzz): an end time of 2**64 - 2 ns (a fixed64 past SQLite's signed 64-bit integers)
 made the insert raise OverflowError, which dropped every span written in the same transaction and logged a
 traceback for each batch."""
 

@@ -1,5 +1,6 @@
-"""bench.peers.pipeline without Ray or a server: Ray Serve's virtualenv and launch, the answer check's comparison and
-history, and the side-by-side table with meshserve's targets against Ray Serve."""
+"""bench.peers.pipeline without Ray or a server: Ray Serve's virtualenv (its probe faked; run for real in
+tests/integration/bench/peers) and launch, the answer check's comparison and history, and the side-by-side table
+with meshserve's targets against Ray Serve."""
 
 from __future__ import annotations
 
@@ -72,14 +73,6 @@ def fake_python(path: Path, exit_code: int) -> None:
     path.parent.mkdir(parents=True)
     path.write_text(f"#!/bin/sh\nexit {exit_code}\n")
     path.chmod(0o755)
-
-
-def test_an_existing_ray_venv_that_passes_the_probe_is_used_as_it_is(tmp_path: Path, monkeypatch) -> None:
-    venv = tmp_path / "ray-venv"
-    fake_python(venv / "bin" / "python", 0)
-    monkeypatch.setattr(pp, "venv_commands", lambda *a: pytest.fail("reinstalled a working virtualenv"))
-
-    assert pp.ensure_ray_venv(venv, ROOT / "tools" / "ray-requirements.txt") == venv / "bin" / "python"
 
 
 def test_a_ray_venv_that_fails_the_probe_is_made_then_probed_again(tmp_path: Path, monkeypatch) -> None:

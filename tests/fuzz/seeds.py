@@ -48,7 +48,7 @@ def infer(model: str, arrays: dict[str, np.ndarray], raw: bool = True, **fields:
 
 
 def transactions(rows: int = 2) -> dict[str, np.ndarray]:
-    """The fraud pipeline's raw fields, [rows, 1] each (as tests/integration/gateway_helpers.py builds them)."""
+    """The fraud pipeline's raw fields, [rows, 1] each (as tests/compat/gateway_helpers.py builds them)."""
 
     def text(prefix: str) -> np.ndarray:
         return np.array([[f"{prefix}-{i}".encode()] for i in range(rows)], dtype=object)

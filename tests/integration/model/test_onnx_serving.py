@@ -1,15 +1,9 @@
 """The model service process serving ONNX: a version broken in any way a user can break it (a corrupt file, inputs
-that disagree with the config, a GPU platform without a GPU) is reported in RepositoryIndex while the rest serves;
-the demo models served from ONNX by ONNX Runtime answer as TorchScript does through tritonclient (run in its own
-process: its protobuf package cannot share one with services.protos) and run under perf_analyzer."""
+that disagree with the config, a GPU platform without a GPU) is reported in RepositoryIndex while the rest serves.
+The demo models served from ONNX through tritonclient and perf_analyzer are in tests/compat/test_model_onnx.py."""
 
 from __future__ import annotations
 
-import json
-import shutil
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import grpc
@@ -17,16 +11,13 @@ import numpy as np
 import pytest
 import yaml
 
-from bench.lib.perf_analyzer import has_libb64, installed_cudart_lib, run_perf_analyzer
 from services.common.tensor_codec import decode_tensor, encode_raw
 from services.model.backends.gpu import why_no_gpu
 from services.protos import inference_pb2 as pb
 from services.protos import inference_pb2_grpc as pb_grpc
 from tests.helpers.models import Mlp, reference_output
-from tests.helpers.servers import ROOT, model_service
+from tests.helpers.servers import model_service
 from tests.unit.model.onnx_models import onnx_config, write_onnx_model
-
-DEMO = {"fraud_mlp": "features", "digits_cnn": "image"}
 
 
 def infer(stub: pb_grpc.GRPCInferenceServiceStub, model: str, name: str, x: np.ndarray) -> np.ndarray:
@@ -84,68 +75,3 @@ def test_broken_onnx_versions_are_reported_and_the_rest_serves(repo: Path, tmp_p
                 infer(stub, "corrupt", "x", x)
             assert err.value.code() == grpc.StatusCode.UNAVAILABLE
         assert service.terminate() == 0
-
-
-TRITON_COMPARE = textwrap.dedent(
-    """
-    import json, sys
-    import numpy as np
-    import tritonclient.grpc as triton
-
-    onnx_url, torch_url, models = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
-    worst = {}
-    for model, name in models.items():
-        clients = [triton.InferenceServerClient(url) for url in (onnx_url, torch_url)]
-        metadata = clients[0].get_model_metadata(model)
-        dims = [int(d) for d in metadata.inputs[0].shape[1:]]
-        x = np.random.default_rng(3).random((24, *dims), dtype=np.float32)
-        answers = []
-        for client in clients:
-            inp = triton.InferInput(name, list(x.shape), "FP32")
-            inp.set_data_from_numpy(x)
-            result = client.infer(model, [inp], model_version="1")
-            answers.append({o.name: result.as_numpy(o.name) for o in metadata.outputs})
-        worst[model] = {
-            "platforms": [c.get_model_metadata(model).platform for c in clients],
-            "diff": max(float(np.abs(answers[0][o].astype(float) - answers[1][o].astype(float)).max())
-                        for o in answers[0]),
-        }
-    print(json.dumps(worst))
-    """
-)
-
-
-def demo_repo(root: Path, backend: str) -> Path:
-    """The demo models (version 1) for one backend."""
-    for model in DEMO:
-        shutil.copytree(ROOT / "models" / model / "1", root / model / "1")
-        config = yaml.safe_load((ROOT / "models" / model / "config.yaml").read_text())
-        config.pop("default_model_filename", None)
-        config.pop("version_overrides", None)
-        config.update(backend=backend, version_policy={"specific": {"versions": [1]}})
-        (root / model / "config.yaml").write_text(yaml.safe_dump(config))
-    return root
-
-
-@pytest.mark.skipif(
-    not (ROOT / "models" / "fraud_mlp" / "1" / "model.onnx").is_file(), reason="demo models not built (`make models`)"
-)
-def test_demo_models_from_onnx_answer_as_torchscript_through_tritonclient_and_perf_analyzer(tmp_path: Path) -> None:
-    onnx_repo = demo_repo(tmp_path / "onnx", "onnxruntime")
-    torch_repo = demo_repo(tmp_path / "torch", "torchscript")
-    with (
-        model_service(onnx_repo, tmp_path / "logs-onnx", MESHSERVE_MODEL_WATCH="false") as onnx_service,
-        model_service(torch_repo, tmp_path / "logs-torch", MESHSERVE_MODEL_WATCH="false") as torch_service,
-    ):
-        args = [onnx_service.address, torch_service.address, json.dumps(DEMO)]
-        done = subprocess.run(
-            [sys.executable, "-c", TRITON_COMPARE, *args], cwd=ROOT, capture_output=True, text=True, timeout=120
-        )
-        assert done.returncode == 0, done.stderr
-        for model, found in json.loads(done.stdout).items():
-            assert found["platforms"] == ["onnxruntime_onnx", "pytorch_libtorch"], model
-            assert found["diff"] <= 1e-5, f"{model}: ONNX Runtime and TorchScript differ by {found['diff']}"
-        if has_libb64() and installed_cudart_lib() is not None:
-            for model in DEMO:
-                result = run_perf_analyzer(model, onnx_service.address, concurrency=2, measurement_ms=800)
-                assert result.throughput > 0 and result.has_server_stats, model

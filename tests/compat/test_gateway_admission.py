@@ -17,9 +17,9 @@ import tritonclient.grpc as triton
 import yaml
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
+from tests.compat.gateway_helpers import params
 from tests.helpers.models import Mlp, Slow, mlp_config, reference_output, write_model
 from tests.helpers.servers import ServiceProcess, cache_service, free_port, gateway_service, model_service
-from tests.integration.gateway_helpers import params
 
 
 def pipeline(name: str, model: str, max_inflight: int, adaptive: bool = False) -> dict:

@@ -65,7 +65,7 @@ def get_json(url: str) -> Any:
 def send_traffic(gateway: str) -> None:
     import tritonclient.grpc as triton
 
-    from tests.integration.gateway_helpers import infer_inputs, transaction
+    from tests.compat.gateway_helpers import infer_inputs, transaction
 
     client = triton.InferenceServerClient(gateway)
     stamp = time.time_ns() % 10**9  # new users each run: the cache starts cold for them

