@@ -4,6 +4,7 @@ reach each other only through public client modules, and every service module is
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
 import io
 import re
@@ -234,3 +235,85 @@ def test_every_main_builds_with_one_build_function(service: str) -> None:
     assert isinstance(serve, ast.AsyncFunctionDef) and "build" in calls(serve), f"{where}: serve does not build"
     assert main is not None and "serve" in calls(main), f"{where}: main does not serve"
     assert not {"build", "GrpcService"} & calls(main), f"{where}: main reads settings and serves; build wires"
+
+
+# ----------------------------------------------------------------------------- test folders and their processes
+# make test runs three pytest processes: tests/unit (in process) with tests/manifests; tests/integration and
+# tests/fuzz (real processes driven through services.protos); tests/compat and tests/mesh (real processes driven by
+# tritonclient). tritonclient registers protobuf package `inference` in the default descriptor pool, and so do the
+# generated modules of services.protos built from a .proto in that package: one process cannot hold both.
+PROJECT_PACKAGES = ("services", "bench", "models", "tests", "tools")
+STUB_FOLDERS = ("tests/unit", "tests/integration", "tests/fuzz")
+CLIENT_FOLDERS = ("tests/compat", "tests/mesh")
+
+
+def module_source(module: str) -> Path | None:
+    base = ROOT.joinpath(*module.split("."))
+    return next((p for p in (base.with_suffix(".py"), base / "__init__.py") if p.is_file()), None)
+
+
+@functools.cache
+def imports_of(path: Path) -> frozenset[str]:
+    return frozenset(imported_modules(path))
+
+
+def reached_modules(path: Path) -> set[str]:
+    """Every module a file imports, directly or through the modules of this repository it imports (and their
+    packages), at any depth; imports inside functions count, since a test may call them."""
+    reached: set[str] = set()
+    todo = sorted(imports_of(path))
+    while todo:
+        module = todo.pop()
+        if module in reached:
+            continue
+        reached.add(module)
+        parts = module.split(".")
+        if parts[0] in PROJECT_PACKAGES:
+            todo += [".".join(parts[:i]) for i in range(1, len(parts))]
+            source = module_source(module)
+            if source is not None:
+                todo += sorted(imports_of(source))
+    return reached
+
+
+def inference_package_stubs() -> set[str]:
+    """The generated modules of services.protos whose .proto declares (or imports one that declares) package
+    `inference`, the package tritonclient brings its own copy of."""
+    protos = {p.stem: p.read_text() for p in (ROOT / "protos").glob("*.proto")}
+    clashing = {name for name, text in protos.items() if re.search(r"^package inference;", text, re.M)}
+    grown = True
+    while grown:
+        importers = {n for n, text in protos.items() if any(f'import "{c}.proto";' in text for c in clashing)}
+        grown = not importers <= clashing
+        clashing |= importers
+    return {f"services.protos.{name}{suffix}" for name in clashing for suffix in ("_pb2", "_pb2_grpc")}
+
+
+def files_under(folders: tuple[str, ...]) -> list[Path]:
+    return sorted(p for folder in folders for p in (ROOT / folder).rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def test_no_test_of_the_stub_processes_imports_tritonclient() -> None:
+    """tests/unit, tests/integration and tests/fuzz drive the services through services.protos; a test that needs
+    tritonclient belongs in tests/compat."""
+    offenders = [
+        f"{path.relative_to(ROOT)}: {', '.join(sorted(found))}"
+        for path in files_under(STUB_FOLDERS)
+        if (found := {m for m in reached_modules(path) if m.split(".")[0] == "tritonclient"})
+    ]
+    assert not offenders, "move to tests/compat (tritonclient):\n" + "\n".join(offenders)
+
+
+def test_no_test_of_the_tritonclient_process_imports_the_inference_stubs() -> None:
+    """tests/compat and tests/mesh run beside tritonclient, so they never import services.protos's modules of
+    protobuf package `inference` (inference_pb2, model_config_pb2 and their _grpc). The other generated modules
+    are in packages of their own (meshserve.cache, meshserve.feature) and sit beside tritonclient: tests/compat
+    uses them to reach the cache and feature services directly (test_cli.py, test_gateway_pipeline.py)."""
+    stubs = inference_package_stubs()
+    assert "services.protos.inference_pb2" in stubs
+    offenders = [
+        f"{path.relative_to(ROOT)}: {', '.join(sorted(found))}"
+        for path in files_under(CLIENT_FOLDERS)
+        if (found := reached_modules(path) & stubs)
+    ]
+    assert not offenders, "move to tests/integration (services.protos' inference package):\n" + "\n".join(offenders)
