@@ -307,7 +307,7 @@ def token(
 ) -> None:
     """Print a JWT for CLIENT (or, with --operator, the operator) that the local stack's ingress accepts."""
     from services.cli.stack.credentials import SecretsError
-    from services.cli.token import issue
+    from services.cli.tokens import issue
     from services.common.tokens import TokenError
 
     try:

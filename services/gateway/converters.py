@@ -11,7 +11,7 @@ from services.common.triton_config import MODEL_CONFIG_DATA_TYPES
 from services.gateway.admission import Priority, parse_priority
 from services.gateway.domain import PIPELINE_VERSION, OutputSpec, PipelineRequest, PipelineResponse
 from services.gateway.pipeline import PipelineSpec
-from services.gateway.statistics import PipelineStats
+from services.gateway.pipeline_stats import PipelineStats
 from services.protos import inference_pb2 as pb
 from services.protos import model_config_pb2 as mc
 

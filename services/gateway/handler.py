@@ -27,9 +27,9 @@ from services.gateway.forwarding import Forwarder
 from services.gateway.inputs import check_inputs
 from services.gateway.near import near_cache
 from services.gateway.pipeline import PipelineSpec, load_pipelines
+from services.gateway.pipeline_stats import PipelineStats, Statistics
 from services.gateway.runner import PipelineRunner
 from services.gateway.settings import GatewaySettings
-from services.gateway.statistics import PipelineStats, Statistics
 from services.gateway.upstream import UNTRACED, Deadline, Headers, Upstreams
 from services.gateway.versions import ServingVersions, VersionRefresher
 

@@ -317,3 +317,20 @@ def test_no_test_of_the_tritonclient_process_imports_the_inference_stubs() -> No
         if (found := reached_modules(path) & stubs)
     ]
     assert not offenders, "move to tests/integration (services.protos' inference package):\n" + "\n".join(offenders)
+
+
+def test_no_service_module_shadows_the_standard_library() -> None:
+    """A module named like a standard-library one (`operator`, `statistics`, `token`) shadows it for anything run
+    from its folder and misleads a reader of `import statistics`; give it a name of its own."""
+    import sys
+
+    shadowing = sorted(
+        str(p.relative_to(ROOT))
+        for p in SERVICES.rglob("*")
+        if "__pycache__" not in p.parts
+        and (
+            (p.suffix == ".py" and p.stem in sys.stdlib_module_names)
+            or (p.is_dir() and p.name in sys.stdlib_module_names)
+        )
+    )
+    assert not shadowing, "modules named like standard-library modules: " + ", ".join(shadowing)

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from services.cli.main import app
 from services.cli.stack.credentials import StackSecrets
-from services.cli.token import TtlError, parse_ttl
+from services.cli.tokens import TtlError, parse_ttl
 from services.common import tokens
 
 

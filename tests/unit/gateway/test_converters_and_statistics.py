@@ -12,7 +12,7 @@ from services.common.tensor_codec import serialize_bytes
 from services.gateway import cache_converters, converters
 from services.gateway.admission import Priority
 from services.gateway.domain import Answer, OutputSpec, PipelineResponse
-from services.gateway.statistics import Statistics
+from services.gateway.pipeline_stats import Statistics
 from services.gateway.versions import ServingVersions, VersionRefresher
 from services.protos import inference_pb2 as pb
 from services.protos import model_config_pb2 as mc
