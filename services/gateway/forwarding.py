@@ -18,6 +18,7 @@ from services.common.errors import InvalidArgument, MeshserveError, NotFound, er
 from services.common.operator_check import AUTHORIZATION, bearer_credential, permission_denied, same_secret
 from services.gateway.admission import Admission, Priority
 from services.gateway.converters import pipeline_index
+from services.gateway.demand import DemandTracker
 from services.gateway.upstream import Headers
 from services.model.api import ModelClient
 from services.protos import inference_pb2 as pb
@@ -36,7 +37,8 @@ class Forwarder:
     """The model service's RPCs behind the gateway; `pipelines` are the names it answers for itself, `public` the
     models clients may reach by name. The operator, the only caller that may load or unload, sends `admin_token`
     or a JWT verified against `jwks` (a JWKS document) whose subject is tokens.OPERATOR_SUBJECT (both empty: nobody
-    may load or unload through the gateway); the forwarded call carries `model_admin_token` (None: `admin_token`)."""
+    may load or unload through the gateway); the forwarded call carries `model_admin_token` (None: `admin_token`).
+    `demand` counts the forwarded ModelInfer calls in flight (for the scaler)."""
 
     def __init__(
         self,
@@ -47,6 +49,7 @@ class Forwarder:
         admin_token: str = "",
         jwks: str = "",
         model_admin_token: str | None = None,
+        demand: DemandTracker | None = None,
     ) -> None:
         self.model = model
         self.admission = admission
@@ -55,6 +58,7 @@ class Forwarder:
         self.admin_token = admin_token
         self.jwks = jwks
         self.model_admin_token = model_admin_token
+        self.demand = DemandTracker() if demand is None else demand  # model calls in flight, for the scaler
 
     def _reachable(self, name: str) -> None:
         """NotFound for a model that is not public, worded as for a name that does not exist at all."""
@@ -111,10 +115,12 @@ class Forwarder:
         """Admitted under the model's own pool (a fixed cap: the model service has its own queue)."""
         self._reachable(request.model_name)
         permit = self.admission.acquire(f"model:{request.model_name}", priority)
+        demand = self.demand.enter(request.model_name, "", headers)  # the mesh routes on the headers alone
         try:
             timeout = self._timeout(caller_remaining_s)
             return await self._forwarded(self.model.model_infer(request, timeout_s=timeout, metadata=tuple(headers)))
         finally:
+            self.demand.leave(demand)
             permit.release(sample=False)
 
     async def model_ready(self, request: pb.ModelReadyRequest, caller_remaining_s: float | None) -> bool:

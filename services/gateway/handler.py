@@ -2,7 +2,8 @@
 
 A pipeline request is checked against its pipeline, admitted (a refused request costs microseconds), run by
 the pipeline's runner and counted (Prometheus metrics, Triton-style statistics). Model names that are not
-pipelines go to `forwarder` (protobuf pass-through); versions, warm-up and the near cache's watch run beside.
+pipelines go to `forwarder` (protobuf pass-through); versions, warm-up, the near cache's watch and the demand
+reports to the scaler run beside.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from services.common.server import Lifecycle
 from services.gateway import metrics
 from services.gateway.admission import Admission, Permit
 from services.gateway.degradation import MODEL_FAILURES
+from services.gateway.demand import DemandTracker, demand_reporter
 from services.gateway.domain import PIPELINE_VERSION, Answer, OutputSpec, PipelineRequest, PipelineResponse
 from services.gateway.forwarding import Forwarder
 from services.gateway.inputs import check_inputs
@@ -59,9 +61,18 @@ class GatewayHandler:
         for name, spec in self.pipelines.items():
             self.admission.add_pool(name, spec.admission.max_inflight, spec.admission.adaptive)
         self.near, self.near_watch = near_cache(settings, self.up.cache)
+        self.demand = DemandTracker()  # model calls in flight, reported to the scaler when there is one
+        self.demand_reporter = demand_reporter(settings, self.demand, UNTRACED)
         self.runners = {
             name: PipelineRunner(
-                spec, self.up.cache, self.up.feature, self.up.model, self.versions, self.near, self.refresher.outputs
+                spec,
+                self.up.cache,
+                self.up.feature,
+                self.up.model,
+                self.versions,
+                self.near,
+                self.refresher.outputs,
+                self.demand,
             )
             for name, spec in self.pipelines.items()
         }
@@ -74,6 +85,7 @@ class GatewayHandler:
             settings.admin_token.get_secret_value(),
             settings.jwks,
             settings.model_operator_token(),
+            self.demand,
         )
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -87,10 +99,13 @@ class GatewayHandler:
         self._tasks.append(asyncio.create_task(self.refresher.run()))
         if self.near_watch is not None:
             self._tasks.append(asyncio.create_task(self.near_watch.run()))
+        if self.demand_reporter is not None:
+            self._tasks.append(asyncio.create_task(self.demand_reporter.run()))
 
     async def close(self) -> None:
         for task in self._tasks:
             task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         for runner in self.runners.values():
             await runner.drain_stores()
         await self.up.close()

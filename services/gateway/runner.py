@@ -33,6 +33,7 @@ from services.gateway.degradation import (
     model_failure,
     stale_answer,
 )
+from services.gateway.demand import DemandTracker
 from services.gateway.domain import Answer, OutputSpec
 from services.gateway.inputs import feature_rows
 from services.gateway.joins import Rows, Wire, features_call, lookup_call, model_call, routing_headers, store_call
@@ -71,7 +72,8 @@ class PipelineRunner:
     """Runs one pipeline; built once per pipeline at start, shared by every request.
 
     The upstream clients come in by the constructor (the real ones in the gateway, fakes in tests); `outputs`
-    is what the version refresher learnt of each model's outputs (by model name), read by the default remedy.
+    is what the version refresher learnt of each model's outputs (by model name), read by the default remedy;
+    `demand` counts the model calls in flight (the gateway's, which it reports to the scaler).
     """
 
     def __init__(
@@ -83,6 +85,7 @@ class PipelineRunner:
         versions: ServingVersions,
         near: L1Cache | None = None,
         outputs: Mapping[str, Mapping[str, OutputSpec]] | None = None,
+        demand: DemandTracker | None = None,
     ) -> None:
         self.spec = spec
         self.cache = cache
@@ -91,6 +94,7 @@ class PipelineRunner:
         self.versions = versions
         self.near = near if near is not None and near.max_bytes > 0 and near.max_ttl_s > 0 else None
         self.known_outputs: Mapping[str, Mapping[str, OutputSpec]] = {} if outputs is None else outputs
+        self.demand = DemandTracker() if demand is None else demand  # model calls in flight, for the scaler
         self.model_inputs = spec.model_inputs()
         # Every model input computed by the feature service: a model refusing them as invalid is the features'
         # failure (degraded, the pipeline's remedies), not the caller's, who never sent those values.
@@ -257,6 +261,7 @@ class PipelineRunner:
         except MeshserveError as exc:
             raise Failure("model_timeout", exc) from exc
         with child_span(tracer, "model", {"model.name": name, "model.version": version}):
+            demand = self.demand.enter(name, version, headers)
             try:
                 key = (name, version, self._route(headers))
                 start = time.perf_counter()
@@ -267,6 +272,8 @@ class PipelineRunner:
                 if failure is None:
                     raise
                 raise failure from exc
+            finally:
+                self.demand.leave(demand)
         self.versions.saw(name, result.model_version)
         return result
 

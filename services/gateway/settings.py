@@ -24,6 +24,12 @@ class GatewaySettings(ServiceSettings):
     model_address: str = Field("127.0.0.1:8001", description="Model service (or its mesh listener), host:port.")
     feature_address: str = Field("127.0.0.1:8002", description="Feature service (or its mesh listener).")
     cache_address: str = Field("127.0.0.1:8003", description="Cache service (or its mesh listener).")
+    scaler_address: str = Field(
+        "",
+        description="Scaler service (services/scaler), host:port: the gateway streams its demand there (model "
+        "calls in flight and requests parked, per model and subset) on every change and every second; empty: "
+        "no reporting.",
+    )
     public_models: list[str] = Field(
         default_factory=list,
         description="Models besides the pipelines that clients may call by name through the gateway (JSON list); "

@@ -15,8 +15,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVICES = ROOT / "services"
-# The four serving services and the class names their rooms hold.
-SHAPED = {"model": "Model", "gateway": "Gateway", "cache": "Cache", "feature": "Feature"}
+# The four serving services, the scaler beside the gateways, and the class names their rooms hold.
+SHAPED = {"model": "Model", "gateway": "Gateway", "cache": "Cache", "feature": "Feature", "scaler": "Scaler"}
 # What one service may import from another: its public client surface only.
 PUBLIC = {"api"}
 
