@@ -3,7 +3,15 @@ yourself (with the stack's CA and a token when the ingress is secure)."""
 
 from __future__ import annotations
 
+from importlib import resources
 from pathlib import Path
+
+from services.cli.stack.layout import ROOT
+
+# perf_analyzer lives in its own virtualenv and needs libcudart from a wheel there (no GPU is used); its default
+# random input is refused by the pipeline (random bits are no unix time), so it sends real rows from this file.
+PERF_VENV = ROOT / ".venv-perf"
+FRAUD_ROWS = resources.files("services.cli") / "fraud_rows.json"
 
 ROW = """\
 import os, time, numpy as np, tritonclient.grpc as triton
@@ -35,12 +43,15 @@ grpcurl -cacert {ca} -H "authorization: Bearer $TOKEN" {address} list
 grpcurl -cacert {ca} -H "authorization: Bearer $TOKEN" -d '{{"name": "fraud"}}' \\
   {address} inference.GRPCInferenceService/ModelMetadata"""
 
+PERF_ANALYZER_ENV = """\
+export LD_LIBRARY_PATH=$(echo {venv}/lib/python3*/site-packages/nvidia/cuda_runtime/lib)"""
+
 PERF_ANALYZER_PLAIN = """\
-perf_analyzer -m fraud -i grpc -u {address} --input-data zero --concurrency-range 4"""
+{venv}/bin/perf_analyzer -m fraud -i grpc -u {address} --input-data {rows} --concurrency-range 4"""
 
 PERF_ANALYZER_TLS = """\
-perf_analyzer -m fraud -i grpc -u {address} --ssl-grpc-use-ssl true --ssl-grpc-root-certifications-file {ca} \\
-  -H "authorization:Bearer $TOKEN" --input-data zero --concurrency-range 4"""
+{venv}/bin/perf_analyzer -m fraud -i grpc -u {address} --input-data {rows} --concurrency-range 4 \\
+  --ssl-grpc-use-ssl true --ssl-grpc-root-certifications-file {ca} -H "authorization:Bearer $TOKEN\""""
 
 MESHSERVE = """\
 meshserve infer fraud --address {address}{log_dir} --debug --json '{{"event_time": 1764680000, "user_id": "u-42",
@@ -57,13 +68,16 @@ def how_to_call(address: str, ca: Path | None = None, log_dir: Path | None = Non
     default log dir, which the commands find from any folder).
     """
     flag = f" --log-dir {log_dir}" if log_dir is not None else ""
+    perf = {"venv": PERF_VENV, "rows": FRAUD_ROWS}
+    perf_head = f"# perf_analyzer (Triton's, from its own virtualenv)\n{PERF_ANALYZER_ENV.format(**perf)}\n"
+    grpcurl_head = "# grpcurl (docs/local-stack.md shows a full ModelInfer body)\n"
     if ca is None:
         return (
             f"Call the endpoint at {address} yourself (plaintext, no token: `meshserve up --insecure`):\n\n"
             "# Python, unmodified tritonclient (pip install 'tritonclient[grpc]')\n"
             f"{ROW.format()}\n{TRITONCLIENT_PLAIN.format(address=address)}\n\n"
-            f"# grpcurl (README shows a full ModelInfer body)\n{GRPCURL_PLAIN.format(address=address)}\n\n"
-            f"# perf_analyzer\n{PERF_ANALYZER_PLAIN.format(address=address)}\n\n"
+            f"{grpcurl_head}{GRPCURL_PLAIN.format(address=address)}\n\n"
+            f"{perf_head}{PERF_ANALYZER_PLAIN.format(address=address, **perf)}\n\n"
             f"# the meshserve CLI\n{MESHSERVE.format(address=address, log_dir=flag)}\n"
         )
     return (
@@ -71,8 +85,8 @@ def how_to_call(address: str, ca: Path | None = None, log_dir: Path | None = Non
         f"export TOKEN=$(meshserve token my-client{flag})   # any client name; --operator for load/unload\n\n"
         "# Python, unmodified tritonclient (pip install 'tritonclient[grpc]')\n"
         f"{ROW.format()}\n{TRITONCLIENT_TLS.format(address=address, ca=ca)}\n\n"
-        f"# grpcurl (README shows a full ModelInfer body)\n{GRPCURL_TLS.format(address=address, ca=ca)}\n\n"
-        f"# perf_analyzer\n{PERF_ANALYZER_TLS.format(address=address, ca=ca)}\n\n"
+        f"{grpcurl_head}{GRPCURL_TLS.format(address=address, ca=ca)}\n\n"
+        f"{perf_head}{PERF_ANALYZER_TLS.format(address=address, ca=ca, **perf)}\n\n"
         f"# the meshserve CLI (TLS and a token from the stack's files)\n"
         f"{MESHSERVE.format(address=address, log_dir=flag)}\n"
     )

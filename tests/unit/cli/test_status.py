@@ -109,3 +109,18 @@ def test_how_to_call_a_secure_ingress_uses_the_ca_and_a_token_everywhere() -> No
     assert "--ssl-grpc-use-ssl true --ssl-grpc-root-certifications-file /logs/secrets/ca.pem" in text
     assert '-H "authorization:Bearer $TOKEN"' in text
     assert "-plaintext" not in text and "meshserve infer fraud --address 127.0.0.1:18080 --log-dir /logs" in text
+
+
+def test_how_to_call_gives_perf_analyzer_from_its_virtualenv_with_rows_the_pipeline_accepts() -> None:
+    """perf_analyzer is not on the PATH (it lives in .venv-perf, beside the libcudart it loads), and its default
+    random input is refused by the pipeline, so the example names the binary and a file of real rows."""
+    import json
+
+    from services.cli.howto import FRAUD_ROWS, PERF_VENV
+
+    text = how_to_call("127.0.0.1:18080", Path("/logs/secrets/ca.pem"), Path("/logs"))
+    assert f"{PERF_VENV}/bin/perf_analyzer -m fraud -i grpc -u 127.0.0.1:18080 --input-data {FRAUD_ROWS}" in text
+    assert f"export LD_LIBRARY_PATH=$(echo {PERF_VENV}/lib/python3*/site-packages/nvidia/cuda_runtime/lib)" in text
+    rows = json.loads(FRAUD_ROWS.read_text())["data"]
+    assert rows and {"event_time", "user_id", "amount", "card_present"} <= set(rows[0])
+    assert "--input-data zero" not in text and "README shows" not in text
