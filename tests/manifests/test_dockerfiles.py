@@ -11,8 +11,8 @@ import pytest
 
 from tests.manifests.support import REPO
 
-# Each image installs only its own extra (the gateway: the base dependencies).
-EXTRAS = {"gateway": set(), "model": {"model"}, "feature": {"feature"}, "cache": {"cache"}}
+# Each image installs only its own extra (the gateway and the scaler: the base dependencies).
+EXTRAS = {"gateway": set(), "model": {"model"}, "feature": {"feature"}, "cache": {"cache"}, "scaler": set()}
 
 
 @dataclass
