@@ -143,8 +143,10 @@ class GrpcService:
         self,
         on_start: Callable[[], Awaitable[None]] | None = None,
         on_stop: Callable[[], Awaitable[None]] | None = None,
+        on_serving: Callable[[], None] | None = None,
     ) -> None:
-        """The whole lifecycle: start, on_start (load; then SERVING), wait for SIGTERM, drain, on_stop."""
+        """The whole lifecycle: start, on_start (load; then SERVING, then on_serving), wait for SIGTERM, drain,
+        on_stop."""
         self.install_signal_handlers()
         await self.start()
         try:
@@ -152,6 +154,8 @@ class GrpcService:
                 await on_start()
             if not self.lifecycle.draining:
                 await self.set_serving(True)
+                if on_serving is not None:
+                    on_serving()
             await self._stop.wait()
         finally:
             await self.drain()

@@ -8,6 +8,7 @@ import logging
 from services.common.logs import setup_logging
 from services.common.operator_check import OperatorCheck
 from services.common.server import GrpcService
+from services.model.cold_start import ColdStartClock
 from services.model.gpu_metrics import register_gpu_metrics
 from services.model.handler import ModelHandler
 from services.model.manager import ModelManager
@@ -40,21 +41,28 @@ def build(settings: ModelSettings) -> tuple[GrpcService, ModelHandler]:
     return service, handler
 
 
-async def serve(settings: ModelSettings) -> None:
-    """Build, then serve until SIGTERM (torch's thread count and the GPU gauges are the process's, set first)."""
+async def serve(settings: ModelSettings, clock: ColdStartClock | None = None) -> None:
+    """Build, then serve until SIGTERM (torch's thread count and the GPU gauges are the process's, set first);
+    the clock, if given, records each model's cold start once health says SERVING."""
     if settings.torch_threads:
         import torch
 
         torch.set_num_threads(settings.torch_threads)
     register_gpu_metrics()
     service, handler = build(settings)
-    await service.run(handler.start, handler.close)
+
+    def serving() -> None:
+        if clock is not None:
+            clock.serving(handler.manager.load_seconds())
+
+    await service.run(handler.start, handler.close, serving)
 
 
 def main() -> None:
+    clock = ColdStartClock()  # first: spawn until here is the interpreter and the imports
     settings = ModelSettings()
     setup_logging("model", settings.log_level)
-    asyncio.run(serve(settings))
+    asyncio.run(serve(settings, clock))
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass, field
 
 from services.common.errors import InvalidArgument, MeshserveError, NotFound, Unavailable, quoted
@@ -103,6 +104,10 @@ class ModelManager:
             return True
         except MeshserveError:
             return False
+
+    def load_seconds(self) -> dict[str, dict[int, float]]:
+        """Model -> ready version -> how long it took to load and warm up (importing its backend included)."""
+        return {name: {v: mv.load_s for v, mv in entry.ready.items()} for name, entry in self.models.items()}
 
     def index(self) -> list[RepositoryEntry]:
         """Every model and version known, plus the repository's models not loaded."""
@@ -223,6 +228,7 @@ class ModelManager:
             await asyncio.gather(*self._retiring, return_exceptions=True)
 
     async def _load_version(self, config: ModelConfig, version: int) -> ModelVersion:
+        started = time.perf_counter()
         backend = get_backend(config.backend)
         version_dir = self.repository.version_dir(config.name, version)
 
@@ -259,7 +265,7 @@ class ModelManager:
             model = DelayedModel(model, self.fault_delay_s)
         warm = "no warm-up forward" if forward_ns is None else f"warm-up forward {forward_ns / 1e3:.0f} us"
         log.info("%s v%d: forwards run %s (%s)", config.name, version, execution.name, warm)
-        return ModelVersion(config, version, model, backend, execution)
+        return ModelVersion(config, version, model, backend, execution, time.perf_counter() - started)
 
     def _retire(self, entry: ModelEntry, version: int, mv: ModelVersion, replaced: bool) -> None:
         if not replaced:

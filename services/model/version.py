@@ -70,9 +70,16 @@ class ModelVersion:
     """Created on the event loop after the weights were loaded and warmed up on a worker thread."""
 
     def __init__(
-        self, config: ModelConfig, version: int, model: LoadedModel, backend: Backend, execution: Execution = THREAD
+        self,
+        config: ModelConfig,
+        version: int,
+        model: LoadedModel,
+        backend: Backend,
+        execution: Execution = THREAD,
+        load_s: float = 0.0,
     ) -> None:
         self.config = config
+        self.load_s = load_s  # reading the weights and warming up, on its worker thread: part of a cold start
         self.name = config.name
         self.version = version
         self.version_str = str(version)
