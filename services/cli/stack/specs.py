@@ -53,13 +53,14 @@ class ProcessSpec(BaseModel):
 # of a lone request's hops wakes those threads cold, so through the whole stack this took 6-12% off the c=1 p50 in
 # four side-by-side runs (bench/README). A GRPC_EXPERIMENTS the caller sets is left as it is.
 GRPC_EXPERIMENTS = "-event_engine_client,-event_engine_listener,-event_engine_for_all_other_endpoints"
+GRPC_ENV = {"GRPC_EXPERIMENTS": GRPC_EXPERIMENTS}
+"""grpc's settings for every Python process of the stack; k8s/base's meshserve-common ConfigMap sets the same."""
 
 
 def process_env() -> dict[str, str]:
     """What every Python process of the stack gets besides its settings: unbuffered output, grpc's endpoints."""
     env = {"PYTHONUNBUFFERED": "1"}
-    if "GRPC_EXPERIMENTS" not in os.environ:
-        env["GRPC_EXPERIMENTS"] = GRPC_EXPERIMENTS
+    env.update({name: value for name, value in GRPC_ENV.items() if name not in os.environ})
     return env
 
 
