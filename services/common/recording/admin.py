@@ -8,6 +8,7 @@
   a long queue wait); an edge keeps the trace when its request ends here (`{"seen": bool}`).
 
 Requests are served on threads; the buffer is touched only on the event loop (the answer is encoded here, off it).
+A client gone before its answer is written (a collector that timed out or restarted) is one warning line.
 """
 
 from __future__ import annotations
@@ -52,6 +53,17 @@ class JsonAdmin:
 
             def do_POST(self) -> None:
                 admin.handle_post(self)
+
+            def handle_one_request(self) -> None:
+                self.command, self.path = "", ""  # not yet read: a kept connection's last request is not this one
+                super().handle_one_request()
+
+            def handle(self) -> None:
+                try:
+                    super().handle()
+                except ConnectionError as exc:  # a collector or scraper gone (timed out, restarted)
+                    doing = f"{self.command} {self.path}" if self.path else "a request"
+                    log.warning("admin endpoint: %s:%s went away during %s (%s)", *self.client_address[:2], doing, exc)
 
         self.server = ThreadingHTTPServer((host, port), Handler)
         self.server.daemon_threads = True
