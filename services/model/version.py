@@ -107,6 +107,10 @@ class ModelVersion:
             self.max_rows = config.max_batch_size
             self.scheduler = DirectRunner(model, self.executor, DEFAULT_MAX_PENDING, self.stats, execution)
         self.inflight = 0
+        # input signature -> (rows, float inputs to check): services/model/validation.py fills it
+        self.checked_signatures: dict[
+            tuple[tuple[str, str, tuple[int, ...]], ...], tuple[int, tuple[tuple[str, str], ...]]
+        ] = {}
         self._idle = asyncio.Event()
         self._idle.set()
 
@@ -118,12 +122,12 @@ class ModelVersion:
     async def infer(self, inputs: dict[str, np.ndarray], rows: int, deadline: float | None) -> Outputs:
         self.inflight += 1
         self._idle.clear()
-        self.stats.pending.inc()
+        self.stats.pending += 1
         try:
             return await self.scheduler.submit(inputs, rows, deadline)
         finally:
             self.inflight -= 1
-            self.stats.pending.dec()
+            self.stats.pending -= 1
             if self.inflight == 0:
                 self._idle.set()
 

@@ -147,3 +147,31 @@ async def test_unload_then_load_again(handler: ModelHandler) -> None:
         await handler.load("nope")
     with pytest.raises(InvalidArgument, match="registered backends: torchscript"):
         await handler.load("broken")
+
+
+async def test_scraped_metrics_equal_the_statistics_counted_per_batch(handler: ModelHandler) -> None:
+    from prometheus_client import REGISTRY
+
+    inputs = [x_rows(1 + i % 3, seed=i) for i in range(20)]
+    await asyncio.gather(*(handler.infer(InferenceRequest("batched", "", {"x": x}), deadline=None) for x in inputs))
+    with pytest.raises(InvalidArgument):
+        await handler.infer(InferenceRequest("batched", "", {"x": x_rows(1)[:, :3]}), deadline=None)
+    stats = handler.config("batched").stats
+    labels = {"model": "batched", "version": str(stats.version)}
+
+    def sample(name: str, **extra: str) -> float | None:
+        return REGISTRY.get_sample_value(name, {**labels, **extra})
+
+    assert stats.execution_count < len(inputs)  # the requests were batched
+    assert sample("meshserve_model_requests_total", code="OK") == stats.success.count == len(inputs)
+    assert sample("meshserve_model_requests_total", code="INVALID_ARGUMENT") == stats.fail.count == 1
+    assert sample("meshserve_model_inferences_total") == stats.inference_count == sum(len(x) for x in inputs)
+    assert sample("meshserve_model_executions_total") == stats.execution_count
+    assert sample("meshserve_model_queue_duration_seconds_count") == stats.queue.count == len(inputs)
+    assert sample("meshserve_model_request_duration_seconds_count") == len(inputs) + 1
+    assert sample("meshserve_model_batch_size_count") == stats.execution_count
+    assert sample("meshserve_model_batch_size_sum") == stats.inference_count
+    rows_per_batch = sum(n * b.compute_infer.count for n, b in stats.batches.items())
+    assert rows_per_batch == stats.inference_count
+    assert sample("meshserve_model_batch_size_bucket", le="+Inf") == stats.execution_count
+    assert sample("meshserve_model_pending_requests") == 0

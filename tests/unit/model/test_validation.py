@@ -68,3 +68,23 @@ async def test_batch_sizes_must_agree_and_nan_is_accepted_where_allowed(tmp_path
             validate_inputs(version, {"x": np.zeros((2, 8), np.float32), "w": np.zeros((3, 5), ml_dtypes.bfloat16)})
     finally:
         await manager.close()
+
+
+def test_a_remembered_signature_still_checks_every_request_s_values(manager: ModelManager) -> None:
+    mlp = manager.get("mlp")
+    good = np.ones((3, 8), np.float32)
+    assert validate_inputs(mlp, {"x": good}) == 3
+    assert len(mlp.checked_signatures) == 1  # the shapes' verdict is kept
+    bad = good.copy()
+    bad[2, 5] = np.inf
+    with pytest.raises(InvalidArgument, match="input 'x' holds 1 NaN/Inf value"):
+        validate_inputs(mlp, {"x": bad})  # same signature: the values are checked all the same
+    huge = good.copy()
+    huge[0, 0] = -1e30
+    with pytest.raises(InvalidArgument, match="holds 1 value\\(s\\) beyond"):
+        validate_inputs(mlp, {"x": huge})
+    with pytest.raises(InvalidArgument, match="expected FP32"):  # a refused signature is never remembered
+        validate_inputs(mlp, {"x": good.astype(np.float64)})
+    with pytest.raises(InvalidArgument, match="expected FP32"):
+        validate_inputs(mlp, {"x": good.astype(np.float64)})
+    assert len(mlp.checked_signatures) == 1
