@@ -22,8 +22,9 @@ log = logging.getLogger("services.model")
 
 def build(settings: ModelSettings) -> tuple[GrpcService, ModelHandler]:
     """The server with the ModelServicer on a handler over the repository's ModelManager: its `start` loads the
-    models (health says SERVING after) and watches the repository, its `close` unloads every version once the server
-    drained. Load and Unload need the operator's token when the settings have one (said in the log either way)."""
+    models this replica serves (`serve_models`; health says SERVING after every one loaded and warmed up) and watches
+    the repository, its `close` unloads every version once the server drained. Load and Unload need the operator's
+    token when the settings have one (said in the log either way)."""
     service = GrpcService("model", settings, [SERVICE_NAME])
     manager = ModelManager(
         ModelRepository(settings.repository),
@@ -31,6 +32,7 @@ def build(settings: ModelSettings) -> tuple[GrpcService, ModelHandler]:
         pinned_versions=settings.pinned_versions,
         fault_delay_ms=settings.fault_delay_ms,
         inline_max_forward_us=settings.inline_max_forward_us,
+        serve_models=settings.serve_models,
     )
     handler = ModelHandler(manager, service.lifecycle, settings)
     operator = OperatorCheck(

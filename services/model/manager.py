@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from services.common.errors import InvalidArgument, MeshserveError, NotFound, Unavailable, quoted
@@ -18,6 +19,8 @@ from services.model.stats import set_state_metric
 from services.model.version import ModelVersion, choose_execution, warm_up
 
 log = logging.getLogger(__name__)
+
+SERVE_MODELS_SETTING = "MESHSERVE_MODEL_SERVE_MODELS"  # ModelSettings.serve_models, named in what callers are told
 
 
 @dataclass
@@ -53,7 +56,21 @@ class ModelEntry:
 
 
 class ModelManager:
-    """The set of served models; every public method runs on the event loop."""
+    """The set of served models; every public method runs on the event loop.
+
+    Args:
+        repository: the model repository on disk.
+        drain_timeout_s: how long a retired version's in-flight requests may run before it unloads anyway.
+        pinned_versions: per model, the only versions loaded (overrides its version_policy).
+        fault_delay_ms: fault injection: every forward takes this much longer.
+        inline_max_forward_us: the longest warm-up forward of an `execution: auto` model that runs inline.
+        serve_models: the only models of the repository this replica serves (empty: all); the others are never
+            read or loaded, so their backends are never imported.
+
+    Example:
+        manager = ModelManager(ModelRepository(Path("models")), serve_models=["fraud_mlp"])
+        await manager.load_all()  # fraud_mlp only; digits_cnn stays UNAVAILABLE in the index
+    """
 
     def __init__(
         self,
@@ -62,8 +79,10 @@ class ModelManager:
         pinned_versions: dict[str, list[int]] | None = None,
         fault_delay_ms: float = 0.0,
         inline_max_forward_us: int = 1000,
+        serve_models: Collection[str] = (),
     ) -> None:
         self.repository = repository
+        self.serve_models = frozenset(serve_models)
         self.inline_max_forward_us = inline_max_forward_us
         self.fault_delay_s = fault_delay_ms / 1e3
         self.drain_timeout_s = drain_timeout_s
@@ -77,8 +96,7 @@ class ModelManager:
         """The version to serve a request: the asked one, or the newest ready one."""
         entry = self.models.get(name)
         if entry is None:
-            check_name(name)
-            raise NotFound(f"unknown model {quoted(name)}; RepositoryIndex lists the models")
+            raise self._unknown(name)
         if not version:
             newest = entry.newest
             if newest is None:
@@ -98,6 +116,27 @@ class ModelManager:
             raise NotFound(f"model '{name}' has no ready version {number} (ready: {ready})")
         return mv
 
+    def serves(self, name: str) -> bool:
+        """Whether this replica serves `name` at all (serve_models empty, or naming it)."""
+        return not self.serve_models or name in self.serve_models
+
+    def not_served_reason(self) -> str:
+        """Why a model of the repository outside serve_models is not loaded here (RepositoryIndex, errors)."""
+        served = ", ".join(sorted(self.serve_models))
+        return f"this replica does not serve it ({SERVE_MODELS_SETTING} lists {served})"
+
+    def _not_served(self, name: str) -> NotFound | None:
+        """NOT_FOUND for a model of the repository that this replica does not serve (None: it serves it, or the
+        repository has no such model); InvalidArgument raised for a name no model can have."""
+        check_name(name)
+        if self.serves(name) or not self.repository.has_model(name):
+            return None
+        return NotFound(f"model {quoted(name)} is in the repository, but {self.not_served_reason()}")
+
+    def _unknown(self, name: str) -> NotFound:
+        """NOT_FOUND for a model this replica has no entry for: not served here, or not known at all."""
+        return self._not_served(name) or NotFound(f"unknown model {quoted(name)}; RepositoryIndex lists the models")
+
     def is_ready(self, name: str, version: str = "") -> bool:
         try:
             self.get(name, version)
@@ -116,7 +155,8 @@ class ModelManager:
         for name in names:
             entry = self.models.get(name)
             if entry is None:
-                rows.append(RepositoryEntry(name, "", "UNAVAILABLE", "not loaded"))
+                reason = "not loaded" if self.serves(name) else self.not_served_reason()
+                rows.append(RepositoryEntry(name, "", "UNAVAILABLE", reason))
                 continue
             if not entry.status:
                 rows.append(RepositoryEntry(name, "", "UNAVAILABLE", entry.reason or "unloaded"))
@@ -128,9 +168,14 @@ class ModelManager:
 
     # -- load / unload ---------------------------------------------------------------------------------
 
+    def served_names(self) -> list[str]:
+        """What `load_all` loads by default: serve_models when set (a name the repository lacks then fails to load,
+        logged), else every model of the repository."""
+        return sorted(self.serve_models) if self.serve_models else self.repository.model_names()
+
     async def load_all(self, names: list[str] | None = None) -> None:
-        """Load every model of the repository (or the given ones); failures are logged, not raised."""
-        for name in names or self.repository.model_names():
+        """Load every model this replica serves (or the given ones); failures are logged, not raised."""
+        for name in names or self.served_names():
             try:
                 await self.load(name)
             except MeshserveError as exc:
@@ -146,7 +191,11 @@ class ModelManager:
 
     async def load(self, name: str) -> None:
         """(Re)load a model: new or changed versions load and warm up, then switch in atomically; versions
-        that left the policy drain and unload. A broken version never replaces the working ones."""
+        that left the policy drain and unload. A broken version never replaces the working ones. A model this
+        replica does not serve is NotFound, its config never read."""
+        not_served = self._not_served(name)
+        if not_served is not None:
+            raise not_served
         if name not in self.models and not self.repository.has_model(name):
             raise not_in_repository(name)
         entry = self.models.setdefault(name, ModelEntry(name))
@@ -208,8 +257,7 @@ class ModelManager:
         """Stop serving every version of a model; in-flight requests finish first."""
         entry = self.models.get(name)
         if entry is None:
-            check_name(name)
-            raise NotFound(f"unknown model {quoted(name)}")
+            raise self._unknown(name)
         async with entry.lock:
             old, entry.ready = entry.ready, {}
             entry.fingerprints.clear()

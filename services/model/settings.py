@@ -5,7 +5,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from services.common.settings import ServiceSettings
@@ -20,7 +20,16 @@ class ModelSettings(ServiceSettings):
     metrics_port: int = Field(9001, ge=0, le=65535, description="Prometheus /metrics port (0 disables).")
     repository: Path = Field(Path("models"), description="Model repository root (Triton layout).")
     models: list[str] = Field(
-        default_factory=list, description="Models to load at start (JSON list); empty loads every model."
+        default_factory=list,
+        description="Models to load at start (JSON list); empty loads every model this replica serves.",
+    )
+    serve_models: list[str] = Field(
+        default_factory=list,
+        description=(
+            "The only models of the repository this replica serves (JSON list, e.g. '[\"fraud_mlp\"]'): the others "
+            "are never read, loaded or imported (nor their backends), RepositoryIndex lists them UNAVAILABLE, and "
+            "calls for them get NOT_FOUND naming this setting; `models` must be among them. Empty: every model."
+        ),
     )
     watch: bool = Field(True, description="Watch the repository and hot-reload changed models.")
     watch_debounce_ms: int = Field(500, ge=50, description="Quiet time after a change before reloading.")
@@ -66,3 +75,14 @@ class ModelSettings(ServiceSettings):
         "(RepositoryModelLoad/Unload need 'authorization: Bearer <token>'); empty: any caller that reaches the "
         "port may (a WARNING at start says so).",
     )
+
+    @model_validator(mode="after")
+    def _models_are_served(self) -> ModelSettings:
+        """`models` loads at start only what this replica serves: a name outside `serve_models` is a typo or a
+        contradiction, refused at start rather than logged as a failed load."""
+        outside = [name for name in self.models if self.serve_models and name not in self.serve_models]
+        if outside:
+            raise ValueError(
+                f"models {outside} are not in serve_models {self.serve_models}: a replica loads only what it serves"
+            )
+        return self

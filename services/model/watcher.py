@@ -28,13 +28,15 @@ def changed_models(root: Path, paths: set[str]) -> set[str]:
 
 
 async def watch_repository(manager: ModelManager, debounce_ms: int, force_polling: bool, stop: asyncio.Event) -> None:
-    """Reload each changed model once the repository has been quiet for debounce_ms."""
+    """Reload each changed model this replica serves once the repository has been quiet for debounce_ms."""
     root = manager.repository.root
     log.info("watching %s for model changes", root)
     async for changes in awatch(
         root, debounce=debounce_ms, step=50, stop_event=stop, force_polling=force_polling, recursive=True
     ):
         for name in sorted(changed_models(root, {path for _, path in changes})):
+            if not manager.serves(name):
+                continue  # another replica's model: never read here
             try:
                 if manager.repository.has_model(name):
                     log.info("repository change: reloading %s", name)
