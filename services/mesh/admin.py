@@ -81,14 +81,16 @@ class EnvoyAdmin:
 
     def hosts(self, cluster: str) -> dict[str, dict[str, str]]:
         """Per host address of a cluster, its /clusters fields (e.g. health_flags, rq_total)."""
-        out: dict[str, dict[str, str]] = {}
-        prefix = f"{cluster}::"
+        return self.cluster_hosts().get(cluster, {})
+
+    def cluster_hosts(self) -> dict[str, dict[str, dict[str, str]]]:
+        """Per cluster with at least one host, per host address, its /clusters fields (one admin call)."""
+        out: dict[str, dict[str, dict[str, str]]] = {}
         for line in self.get("/clusters").splitlines():
-            if not line.startswith(prefix):
-                continue
-            parts = line[len(prefix) :].split("::")
-            if len(parts) == 3 and parts[0][0].isdigit():
-                out.setdefault(parts[0], {})[parts[1]] = parts[2]
+            parts = line.split("::")
+            if len(parts) == 4 and parts[1][:1].isdigit():
+                cluster, host, key, value = parts
+                out.setdefault(cluster, {}).setdefault(host, {})[key] = value
         return out
 
     def route_versions(self) -> dict[str, str]:

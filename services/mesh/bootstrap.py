@@ -1,15 +1,16 @@
-"""Assembles the Envoy v3 bootstrap and its route files from `istio/` and a topology (pure: no files written)."""
+"""Assembles the Envoy v3 bootstrap, its route files and the endpoint files of dynamic services from `istio/` and a
+topology (pure: no files written)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from services.mesh.access_log import access_log
 from services.mesh.authn import check_jwks, ingress_jwt_rules, jwt_authn_filter
 from services.mesh.authz import anonymous_paths, ingress_policies, rbac_filters
-from services.mesh.clusters import render_clusters
+from services.mesh.clusters import cluster_members, load_assignment, render_clusters
 from services.mesh.envoyfilters import apply_patches, ingress_patches
 from services.mesh.errors import MeshConfigError
 from services.mesh.hosts import cluster_name
@@ -23,10 +24,12 @@ ADMIN_SOCKET_MODE = 0o600  # only the user running the stack may read Envoy's co
 
 @dataclass
 class Rendered:
-    """The bootstrap (envoy.yaml) and the route configurations served from files by RDS."""
+    """The bootstrap (envoy.yaml), the route configurations served from files by RDS, and the load assignments of the
+    dynamic services' clusters served from files by EDS."""
 
     bootstrap: dict[str, Any]
     routes: dict[str, dict[str, Any]]
+    endpoints: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 def render_routes(
@@ -89,8 +92,16 @@ def admin_address(address: str) -> dict[str, Any]:
     return {"socket_address": {"address": host, "port_value": port}}
 
 
-def render(istio: IstioConfig, topology: MeshTopology, routes_dir: Path, weights: Weights | None = None) -> Rendered:
-    """The whole Envoy configuration: admin, clusters, listeners reading their routes from `routes_dir`."""
+def render(
+    istio: IstioConfig,
+    topology: MeshTopology,
+    routes_dir: Path,
+    weights: Weights | None = None,
+    endpoints_dir: Path | None = None,
+) -> Rendered:
+    """The whole Envoy configuration: admin, clusters, listeners reading their routes from `routes_dir`; the clusters
+    of dynamic services read their endpoints from `endpoints_dir` (default: `endpoints` beside `routes_dir`)."""
+    endpoints_dir = endpoints_dir or routes_dir.parent / "endpoints"
     listeners = []
     if topology.ingress is not None:
         listeners.append(ingress_listener(istio, topology, topology.ingress, routes_dir))
@@ -101,8 +112,18 @@ def render(istio: IstioConfig, topology: MeshTopology, routes_dir: Path, weights
     bootstrap: dict[str, Any] = {
         "node": {"id": topology.node_id, "cluster": "meshserve"},
         "admin": {"address": admin_address(topology.admin)},
-        "static_resources": {"listeners": listeners, "clusters": render_clusters(istio, topology)},
+        "static_resources": {"listeners": listeners, "clusters": render_clusters(istio, topology, endpoints_dir)},
     }
     if traced:
         bootstrap["layered_runtime"] = {"layers": [{"name": "tracer", "static_layer": tracer_runtime()}]}
-    return Rendered(bootstrap, render_routes(istio, topology, weights))
+    return Rendered(bootstrap, render_routes(istio, topology, weights), render_endpoints(istio, topology))
+
+
+def render_endpoints(istio: IstioConfig, topology: MeshTopology) -> dict[str, dict[str, Any]]:
+    """Cluster name -> ClusterLoadAssignment, for every cluster of every dynamic service."""
+    out: dict[str, dict[str, Any]] = {}
+    for service, st in topology.services.items():
+        if st.dynamic:
+            for name, members in cluster_members(istio, service, st.replicas).items():
+                out[name] = load_assignment(name, members)
+    return out

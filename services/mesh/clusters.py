@@ -1,7 +1,9 @@
-"""DestinationRules and the topology to Envoy clusters: subsets, load balancer, connection pool, outlier detection."""
+"""DestinationRules and the topology to Envoy clusters: subsets, load balancer, connection pool, outlier detection,
+endpoints fixed in the bootstrap or read from files (EDS)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from services.mesh.durations import envoy_duration, parse_duration
@@ -52,6 +54,31 @@ def endpoint(replica: MeshEndpoint) -> dict[str, Any]:
     return {"endpoint": {"address": {"socket_address": {"address": host, "port_value": port}}}}
 
 
+def load_assignment(name: str, replicas: list[MeshEndpoint]) -> dict[str, Any]:
+    """The ClusterLoadAssignment of a cluster: inline for a static cluster, the resource of an endpoint file for EDS."""
+    return {"cluster_name": name, "endpoints": [{"lb_endpoints": [endpoint(r) for r in replicas]}]}
+
+
+def endpoints_file(endpoints_dir: Path, name: str) -> Path:
+    """Where the EDS file of cluster `name` lives (a cluster name is a file name: no '/', no leading '.')."""
+    if "/" in name or name.startswith(".") or "\0" in name:
+        raise MeshConfigError(f"cluster '{name}': not usable as an endpoint file name (a service name with '/'?)")
+    return endpoints_dir / f"{name}.yaml"
+
+
+def eds_cluster_config(endpoints_dir: Path, name: str) -> dict[str, Any]:
+    """File-based EDS: Envoy reloads the endpoint file when a new one is renamed into the watched folder."""
+    return {
+        "eds_config": {
+            "resource_api_version": "V3",
+            "path_config_source": {
+                "path": str(endpoints_file(endpoints_dir, name)),
+                "watched_directory": {"path": str(endpoints_dir)},
+            },
+        }
+    }
+
+
 def outlier_detection(od: OutlierDetection) -> dict[str, Any]:
     """Istio's translation: each consecutive counter set is enforced at 100%, success-rate ejection is off."""
     out: dict[str, Any] = {"enforcing_success_rate": 0}
@@ -72,17 +99,23 @@ def outlier_detection(od: OutlierDetection) -> dict[str, Any]:
     return out
 
 
-def health_checks(hc: HealthCheck) -> list[dict[str, Any]]:
-    return [
-        {
-            "timeout": envoy_duration(parse_duration(hc.timeout)),
-            "interval": envoy_duration(parse_duration(hc.interval)),
-            "no_traffic_interval": envoy_duration(parse_duration(hc.no_traffic_interval)),
-            "unhealthy_threshold": hc.unhealthy_threshold,
-            "healthy_threshold": hc.healthy_threshold,
-            "grpc_health_check": {"service_name": hc.service_name},
-        }
-    ]
+def health_checks(hc: HealthCheck, dynamic: bool = False) -> list[dict[str, Any]]:
+    """Active grpc.health.v1 checks; a dynamic cluster checks hosts that are not healthy every `unhealthy_interval`
+    (traffic or not), healthy ones as a static cluster does."""
+    check: dict[str, Any] = {
+        "timeout": envoy_duration(parse_duration(hc.timeout)),
+        "interval": envoy_duration(parse_duration(hc.interval)),
+        "no_traffic_interval": envoy_duration(parse_duration(hc.no_traffic_interval)),
+        "unhealthy_threshold": hc.unhealthy_threshold,
+        "healthy_threshold": hc.healthy_threshold,
+        "grpc_health_check": {"service_name": hc.service_name},
+    }
+    if dynamic:
+        unhealthy = envoy_duration(parse_duration(hc.unhealthy_interval))
+        check["no_traffic_healthy_interval"] = check["no_traffic_interval"]
+        check["no_traffic_interval"] = unhealthy
+        check["unhealthy_interval"] = unhealthy
+    return [check]
 
 
 def http2_options(policy: TrafficPolicy) -> dict[str, Any]:
@@ -99,19 +132,33 @@ def http2_options(policy: TrafficPolicy) -> dict[str, Any]:
     return {HTTP_PROTOCOL_OPTIONS: options}
 
 
-def cluster(name: str, replicas: list[MeshEndpoint], policy: TrafficPolicy, hc: HealthCheck | None) -> dict[str, Any]:
-    """One Envoy cluster (a subset, or the whole service) speaking HTTP/2 to its replicas."""
+def cluster(
+    name: str,
+    replicas: list[MeshEndpoint],
+    policy: TrafficPolicy,
+    hc: HealthCheck | None,
+    endpoints_dir: Path | None = None,
+) -> dict[str, Any]:
+    """One Envoy cluster (a subset, or the whole service) speaking HTTP/2 to its replicas.
+
+    With `endpoints_dir` the cluster is dynamic: EDS from its endpoint file there, health-checked even while it has no
+    endpoint (so a host added later is checked at once), and a host removed from the file leaves at once.
+    """
     lb = LB_POLICIES[policy.load_balancer.simple] if policy.load_balancer else "LEAST_REQUEST"
     tcp = policy.connection_pool.tcp if policy.connection_pool else None
     http = policy.connection_pool.http if policy.connection_pool else None
     out: dict[str, Any] = {
         "name": name,
-        "type": "STATIC",
+        "type": "STATIC" if endpoints_dir is None else "EDS",
         "connect_timeout": envoy_duration(parse_duration(tcp.connect_timeout) if tcp and tcp.connect_timeout else 10),
         "lb_policy": lb,
-        "load_assignment": {"cluster_name": name, "endpoints": [{"lb_endpoints": [endpoint(r) for r in replicas]}]},
-        "typed_extension_protocol_options": http2_options(policy),
     }
+    if endpoints_dir is None:
+        out["load_assignment"] = load_assignment(name, replicas)
+    else:
+        out["eds_cluster_config"] = eds_cluster_config(endpoints_dir, name)
+        out["ignore_health_on_host_removal"] = True
+    out["typed_extension_protocol_options"] = http2_options(policy)
     thresholds: dict[str, Any] = {}
     if tcp is not None and tcp.max_connections is not None:
         thresholds["max_connections"] = tcp.max_connections
@@ -129,8 +176,12 @@ def cluster(name: str, replicas: list[MeshEndpoint], policy: TrafficPolicy, hc: 
         out["outlier_detection"] = outlier_detection(policy.outlier_detection)
         panic = policy.outlier_detection.min_health_percent or 0  # Istio: no panic routing unless asked
         out["common_lb_config"] = {"healthy_panic_threshold": {"value": panic}}
-    if hc is not None and replicas:
-        out["health_checks"] = health_checks(hc)
+    if hc is not None and (replicas or endpoints_dir is not None):
+        out["health_checks"] = health_checks(hc, dynamic=endpoints_dir is not None)
+    if endpoints_dir is not None:
+        # Envoy holds health changes back for a 1 s merge window by default: an added host that passed its first
+        # check would stay out of rotation that long. Membership changes themselves are never merged.
+        out.setdefault("common_lb_config", {})["update_merge_window"] = "0s"
     return out
 
 
@@ -138,20 +189,36 @@ def matches(labels: dict[str, str], selector: dict[str, str]) -> bool:
     return all(labels.get(k) == v for k, v in selector.items())
 
 
-def render_clusters(istio: IstioConfig, topology: MeshTopology) -> list[dict[str, Any]]:
-    """A cluster per service (all replicas) and per DestinationRule subset (replicas whose labels match)."""
+def service_clusters(
+    rule: DestinationRule | None, service: str, replicas: list[MeshEndpoint]
+) -> list[tuple[str, list[MeshEndpoint], TrafficPolicy]]:
+    """(cluster name, its replicas, its policy) of a service: the whole service, then each DestinationRule subset with
+    the replicas whose labels match it."""
+    base = rule.spec.traffic_policy if rule else None
+    out = [(cluster_name(service, None), list(replicas), merge_policy(base, None))]
+    for subset in rule.spec.subsets if rule else []:
+        members = [r for r in replicas if matches(r.labels, subset.labels)]
+        out.append((cluster_name(service, subset.name), members, merge_policy(base, subset.traffic_policy)))
+    return out
+
+
+def cluster_members(istio: IstioConfig, service: str, replicas: list[MeshEndpoint]) -> dict[str, list[MeshEndpoint]]:
+    """Cluster name -> the replicas it balances over, for every cluster of `service` given these replicas."""
+    rule = destination_rules_by_service(istio).get(service)
+    return {name: members for name, members, _ in service_clusters(rule, service, replicas)}
+
+
+def render_clusters(
+    istio: IstioConfig, topology: MeshTopology, endpoints_dir: Path = Path("endpoints")
+) -> list[dict[str, Any]]:
+    """A cluster per service (all replicas) and per DestinationRule subset (replicas whose labels match); the clusters
+    of a dynamic service read their endpoints from files in `endpoints_dir`."""
     rules = destination_rules_by_service(istio)  # rules for services not in the topology are not rendered
     clusters: list[dict[str, Any]] = []
     for service, st in topology.services.items():
-        dr = rules.get(service)
-        base = dr.spec.traffic_policy if dr else None
-        clusters.append(
-            cluster(cluster_name(service, None), st.replicas, merge_policy(base, None), topology.health_check)
-        )
-        for subset in dr.spec.subsets if dr else []:
-            members = [r for r in st.replicas if matches(r.labels, subset.labels)]
-            policy = merge_policy(base, subset.traffic_policy)
-            clusters.append(cluster(cluster_name(service, subset.name), members, policy, topology.health_check))
+        eds = endpoints_dir if st.dynamic else None
+        for name, members, policy in service_clusters(rules.get(service), service, st.replicas):
+            clusters.append(cluster(name, members, policy, topology.health_check, eds))
     if topology.otlp is not None:
         clusters.append(otlp_cluster(topology.otlp))
     return clusters

@@ -1,4 +1,5 @@
-"""Writes the bootstrap and route files; a route file is replaced atomically (write, then rename into place)."""
+"""Writes the bootstrap, route and endpoint files; route and endpoint files are replaced atomically (write, then rename
+into place)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 import yaml
 
 ROUTE_TYPE = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration"
+ENDPOINTS_TYPE = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -27,6 +29,15 @@ def write_route(routes_dir: Path, route: dict[str, Any], version: str | None = N
     doc = {"version_info": version, "resources": [{"@type": ROUTE_TYPE, **route}]}
     routes_dir.mkdir(parents=True, exist_ok=True)
     write_atomic(routes_dir / f"{route['name']}.yaml", yaml.safe_dump(doc, sort_keys=False))
+    return version
+
+
+def write_endpoints(path: Path, assignment: dict[str, Any], version: str | None = None) -> str:
+    """A DiscoveryResponse holding one ClusterLoadAssignment, as file-based EDS reads it; returns its version."""
+    version = version or str(time.time_ns())
+    doc = {"version_info": version, "resources": [{"@type": ENDPOINTS_TYPE, **assignment}]}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, yaml.safe_dump(doc, sort_keys=False))
     return version
 
 

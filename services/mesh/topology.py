@@ -62,6 +62,11 @@ class MeshService(_Strict):
 
     listen: str = Field(description="host:port of the outbound listener callers use for this service.")
     replicas: list[MeshEndpoint] = Field(default_factory=list, description="Its endpoints, one per replica.")
+    dynamic: bool = Field(
+        False,
+        description="Its clusters take their endpoints from files that `LocalMesh.set_endpoints` rewrites while Envoy "
+        "runs (file-based EDS); False: the replicas are fixed in envoy.yaml.",
+    )
 
     _check = field_validator("listen")(classmethod(lambda cls, v: _address(v)))
 
@@ -75,6 +80,11 @@ class HealthCheck(_Strict):
     healthy_threshold: int = Field(1, ge=1)
     no_traffic_interval: Duration = "2s"
     service_name: str = Field("", description="grpc.health.v1 service name asked ('' = the whole server).")
+    unhealthy_interval: Duration = Field(
+        "0.25s",
+        description="Dynamic services only: how often a host that is not (yet) healthy is checked, so that a replica "
+        "added before it serves enters the rotation within this time of serving.",
+    )
 
 
 class IngressTls(_Strict):
