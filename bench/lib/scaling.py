@@ -44,14 +44,15 @@ def _number(entry: dict[str, Any], *keys: str) -> float | None:
 
 
 def parse_decisions(data: Any) -> list[Decision]:
-    """The decisions of an autoscale.json document (a list of records, or an object holding one under `decisions`),
-    by time; a record without a time or counts is skipped. A time is epoch seconds or an ISO 8601 string."""
+    """The decisions of an autoscale.json document (an object holding them under `decisions`, as `meshserve up`'s
+    autoscaler writes it, or a bare list), by time; a record without a time or counts is skipped. The time is `at`
+    (epoch seconds), else `time` (epoch seconds or ISO 8601)."""
     records = data.get("decisions", []) if isinstance(data, dict) else data
     out = []
     for entry in records if isinstance(records, list) else []:
         if not isinstance(entry, dict):
             continue
-        t = _number(entry, "time", "t", "at", "time_s")
+        t = _number(entry, "at", "time", "t", "time_s")
         before = _number(entry, "from", "before", "from_replicas")
         after = _number(entry, "to", "after", "to_replicas")
         if t is None or before is None or after is None:

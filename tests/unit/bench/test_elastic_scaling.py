@@ -39,6 +39,12 @@ def test_decisions_are_read_from_a_list_or_an_object_and_sorted_by_time() -> Non
     assert parse_decisions({"something": 1}) == []
 
 
+def test_the_autoscalers_file_is_read_by_its_epoch_seconds() -> None:
+    record = {"time": "2030-01-01T00:00:10.123+00:00", "at": 1893456010.1234, "subset": "v1", "from": 0, "to": 1}
+    data = {"groups": {"v1": {"replicas": 1}}, "decisions": [{**record, "reason": "demand 1 > 0"}]}
+    assert parse_decisions(data) == [Decision(1893456010.1234, "v1", 0, 1, "demand 1 > 0")]
+
+
 def test_an_iso_time_is_read_as_epoch_seconds() -> None:
     at = "2030-01-01T00:00:10+00:00"
     (d,) = parse_decisions([{"time": at, "subset": "v1", "from": 0, "to": 1}])
