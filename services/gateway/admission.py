@@ -12,6 +12,7 @@ import enum
 import math
 import statistics
 import time
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 from services.common.errors import InvalidArgument, ResourceExhausted
@@ -125,18 +126,45 @@ class _Pool:
 
 @dataclass(slots=True)
 class Permit:
-    """One admitted request; `release` exactly once (success with its latency, or a drop)."""
+    """One admitted request; `release` exactly once (success with its latency, or a drop). A request parked for a
+    cold model (services/gateway/activator.py) steps out of its pool while it waits (`step_out`, then `step_in`): it
+    uses no capacity meanwhile, and its latency, which is the cold start's, says nothing about load."""
 
     admission: Admission
     pool: _Pool
     started: float
     released: bool = False
+    outside: bool = False  # stepped out now: not counted in flight
+    parked: bool = False  # stepped out at some point: no latency sample, no drop
 
     def release(self, *, sample: bool = True, dropped: bool = False) -> None:
         if self.released:
             return
         self.released = True
-        self.admission._release(self, sample=sample, dropped=dropped)
+        self.admission._release(self, sample=sample and not self.parked, dropped=dropped and not self.parked)
+
+    def step_out(self) -> None:
+        """The request waits outside the gateway's capacity: its slot is free for others until `step_in`."""
+        if self.released or self.outside:
+            return
+        self.outside = self.parked = True
+        self.admission._count(self.pool, -1)
+
+    def step_in(self) -> None:
+        """Back in flight (admitted already: never refused, even above the limit)."""
+        if not self.outside:
+            return
+        self.outside = False
+        if not self.released:
+            self.admission._count(self.pool, 1)
+
+
+_PERMIT: ContextVar[Permit | None] = ContextVar("meshserve_gateway_permit", default=None)
+
+
+def current_permit() -> Permit | None:
+    """The permit `Admission.acquire` gave the request this task (or the task it was started from) serves."""
+    return _PERMIT.get()
 
 
 class Admission:
@@ -172,7 +200,7 @@ class Admission:
         return found
 
     def acquire(self, name: str, priority: Priority = Priority.NORMAL) -> Permit:
-        """Admit now or raise ResourceExhausted (never waits)."""
+        """Admit now or raise ResourceExhausted (never waits); the permit is also `current_permit()` in this task."""
         pool = self.pool(name)
         share = self.shares[priority]
         limit = pool.current_limit()
@@ -190,15 +218,20 @@ class Admission:
             error = ResourceExhausted(f"overloaded: {which}; retry after {self.retry_after_ms} ms")
             error.trailers = (("grpc-retry-pushback-ms", str(self.retry_after_ms)),)
             raise error
-        pool.inflight += 1
-        self.total_inflight += 1
-        return Permit(self, pool, time.perf_counter())
+        self._count(pool, 1)
+        permit = Permit(self, pool, time.perf_counter())
+        _PERMIT.set(permit)  # for the activator, should the request park (current_permit)
+        return permit
+
+    def _count(self, pool: _Pool, delta: int) -> None:
+        pool.inflight += delta
+        self.total_inflight += delta
 
     def _release(self, permit: Permit, *, sample: bool, dropped: bool) -> None:
         pool = permit.pool
         inflight = pool.inflight
-        pool.inflight -= 1
-        self.total_inflight -= 1
+        if not permit.outside:
+            self._count(pool, -1)
         if pool.limit is None:
             return
         if dropped:

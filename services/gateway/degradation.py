@@ -3,7 +3,9 @@
 The remedies run in the order the pipeline's YAML lists them (`on_model_failure`, `on_feature_failure`): a
 stale cached answer, the fallback model, the configured default. The first that can answer does, marked
 `degraded: <cause>:<remedy>` (never silently); one that cannot (no stale entry, the fallback failed too, output
-shapes not known yet) falls through to the next; with none left the original error goes to the caller.
+shapes not known yet) falls through to the next; with none left the original error goes to the caller. A model
+with no serving replica is `cold_start`: its remedies answer only once the request stops waiting for it
+(services/gateway/activator.py), never while it is parked.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import numpy as np
 from services.cache.api import CachedValue
 from services.common.errors import MeshserveError
 from services.common.tensor_codec import NUMPY_DTYPES, encode_raw
+from services.gateway.activator import ColdStart
 from services.gateway.cache_converters import answer_from_cache
 from services.gateway.domain import Answer, OutputSpec
 from services.model.api import RawTensor
@@ -33,6 +36,7 @@ MODEL_FAILURES = {
 # Feature failures that are the caller's (a bad field, an unknown feature set), not the service's.
 FEATURE_CALLER_ERRORS = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND)
 FEATURES_UNAVAILABLE = "features_unavailable"
+COLD_START = "cold_start"  # the model has no serving replica and the request waits no longer (or not at all)
 FEATURES_INVALID = "features_invalid"  # the model refused features the feature service computed (e.g. overflowed)
 
 Remedy = Callable[[], Awaitable[Answer | None]]
@@ -50,6 +54,8 @@ class Failure(Exception):
 
 def model_failure(error: MeshserveError) -> Failure | None:
     """The Failure a failed model call is, or None when its error goes to the caller as it is."""
+    if isinstance(error, ColdStart):
+        return Failure(COLD_START, error)
     reason = MODEL_FAILURES.get(error.code)
     return None if reason is None else Failure(reason, error)
 

@@ -16,10 +16,12 @@ import grpc
 from services.common import tokens
 from services.common.errors import InvalidArgument, MeshserveError, NotFound, error_with_code
 from services.common.operator_check import AUTHORIZATION, bearer_credential, permission_denied, same_secret
+from services.gateway.activator import Activator, Target
 from services.gateway.admission import Admission, Priority
 from services.gateway.converters import pipeline_index
 from services.gateway.demand import DemandTracker
-from services.gateway.upstream import Headers
+from services.gateway.joins import PER_REQUEST_HEADERS, routing_headers
+from services.gateway.upstream import Deadline, Headers
 from services.model.api import ModelClient
 from services.protos import inference_pb2 as pb
 
@@ -38,7 +40,8 @@ class Forwarder:
     models clients may reach by name. The operator, the only caller that may load or unload, sends `admin_token`
     or a JWT verified against `jwks` (a JWKS document) whose subject is tokens.OPERATOR_SUBJECT (both empty: nobody
     may load or unload through the gateway); the forwarded call carries `model_admin_token` (None: `admin_token`).
-    `demand` counts the forwarded ModelInfer calls in flight (for the scaler)."""
+    `demand` counts the forwarded ModelInfer calls in flight (for the scaler); `activator` parks them while their model
+    has no serving replica (None: one of its own on `demand` and `model`, with the default settings)."""
 
     def __init__(
         self,
@@ -50,6 +53,7 @@ class Forwarder:
         jwks: str = "",
         model_admin_token: str | None = None,
         demand: DemandTracker | None = None,
+        activator: Activator | None = None,
     ) -> None:
         self.model = model
         self.admission = admission
@@ -59,6 +63,7 @@ class Forwarder:
         self.jwks = jwks
         self.model_admin_token = model_admin_token
         self.demand = DemandTracker() if demand is None else demand  # model calls in flight, for the scaler
+        self.activator = Activator(self.demand, model) if activator is None else activator
 
     def _reachable(self, name: str) -> None:
         """NotFound for a model that is not public, worded as for a name that does not exist at all."""
@@ -112,15 +117,24 @@ class Forwarder:
     async def model_infer(
         self, request: pb.ModelInferRequest, priority: Priority, caller_remaining_s: float | None, headers: Headers
     ) -> pb.ModelInferResponse:
-        """Admitted under the model's own pool (a fixed cap: the model service has its own queue)."""
+        """Admitted under the model's own pool (a fixed cap: the model service has its own queue); parked while the
+        model has no serving replica (the mesh routes the call on its headers alone, as it does the readiness)."""
         self._reachable(request.model_name)
         permit = self.admission.acquire(f"model:{request.model_name}", priority)
-        demand = self.demand.enter(request.model_name, "", headers)  # the mesh routes on the headers alone
+        deadline = Deadline(self._timeout(caller_remaining_s), None)
+        target = Target(request.model_name, request.model_version, routing_headers(headers, PER_REQUEST_HEADERS))
+
+        async def send() -> pb.ModelInferResponse:
+            demand = self.demand.enter(request.model_name, "", headers)  # in flight while sent, not while parked
+            try:
+                call = self.model.model_infer(request, timeout_s=deadline.remaining(), metadata=tuple(headers))
+                return await self._forwarded(call)
+            finally:
+                self.demand.leave(demand)
+
         try:
-            timeout = self._timeout(caller_remaining_s)
-            return await self._forwarded(self.model.model_infer(request, timeout_s=timeout, metadata=tuple(headers)))
+            return await self.activator.call(target, send, deadline)
         finally:
-            self.demand.leave(demand)
             permit.release(sample=False)
 
     async def model_ready(self, request: pb.ModelReadyRequest, caller_remaining_s: float | None) -> bool:

@@ -21,6 +21,7 @@ from services.common.metrics import trace_exemplar
 from services.common.recording import DEGRADED, PIPELINE
 from services.common.server import Lifecycle
 from services.gateway import metrics
+from services.gateway.activator import Activator
 from services.gateway.admission import Admission, Permit
 from services.gateway.degradation import MODEL_FAILURES
 from services.gateway.demand import DemandTracker, demand_reporter
@@ -63,6 +64,13 @@ class GatewayHandler:
         self.near, self.near_watch = near_cache(settings, self.up.cache)
         self.demand = DemandTracker()  # model calls in flight, reported to the scaler when there is one
         self.demand_reporter = demand_reporter(settings, self.demand, UNTRACED)
+        self.activator = Activator(  # parks requests while their model has no serving replica
+            self.demand,
+            self.up.model,
+            wait_s=settings.cold_start_wait_s,
+            park_limit=settings.park_limit,
+            probe_interval_s=settings.probe_interval_s,
+        )
         self.runners = {
             name: PipelineRunner(
                 spec,
@@ -73,6 +81,7 @@ class GatewayHandler:
                 self.near,
                 self.refresher.outputs,
                 self.demand,
+                self.activator,
             )
             for name, spec in self.pipelines.items()
         }
@@ -86,6 +95,7 @@ class GatewayHandler:
             settings.jwks,
             settings.model_operator_token(),
             self.demand,
+            self.activator,
         )
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -106,6 +116,7 @@ class GatewayHandler:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.activator.close()
         for runner in self.runners.values():
             await runner.drain_stores()
         await self.up.close()

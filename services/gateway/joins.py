@@ -17,6 +17,7 @@ import numpy as np
 
 from services.cache.api import CachedValue, StoreItem
 from services.common.errors import MeshserveError, Unavailable
+from services.common.recording import PARENT_HEADER
 from services.common.tensor_codec import deserialize_bytes, serialize_bytes
 from services.feature.api import FeatureMatrix, FieldValue
 from services.gateway import metrics
@@ -29,6 +30,8 @@ R = TypeVar("R")
 Wire = tuple[str, list[int], bytes]  # a tensor's datatype, shape and raw contents
 Rows = Sequence[Mapping[str, FieldValue]]
 ModelKey = tuple[str, str, Headers]  # model name, version asked for, routing headers
+# Passed-on headers that belong to one request: the members of a batch need not share them.
+PER_REQUEST_HEADERS = ("traceparent", "tracestate", "x-request-id", PARENT_HEADER)
 # What the callee blames on a row of the request: such a batch is retried member by member.
 CALLER_FAULTS = (grpc.StatusCode.INVALID_ARGUMENT,)
 

@@ -1,4 +1,5 @@
-"""Prometheus metrics of the gateway: requests by pipeline/code/cache, stage latencies, admission, degradation."""
+"""Prometheus metrics of the gateway: requests by pipeline/code/cache, stage latencies, admission, degradation,
+requests parked for cold models."""
 
 from __future__ import annotations
 
@@ -53,4 +54,19 @@ BATCH_RESENT = Counter(
     "meshserve_gateway_batch_resent_total",
     "Batched calls the callee refused as a caller's fault (a bad row), sent again member by member.",
     ["pipeline", "stage"],
+)
+PARKED_SECONDS = Histogram(
+    "meshserve_gateway_parked_seconds",
+    "Time a request waited parked for a model with no serving replica (one observation per wait), by model.",
+    ["model"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 20.0, 25.0, 30.0),
+)
+PARKED = Gauge(
+    "meshserve_gateway_parked_requests", "Requests parked now for a model with no serving replica.", ["model"]
+)
+PARK_OUTCOMES = Counter(
+    "meshserve_gateway_park_outcomes_total",
+    "How parked requests left, by model and outcome: released (a replica serves the model), deadline (the "
+    "request's own), cap (cold_start_wait_s), full (refused: park_limit reached), cancelled (the caller left).",
+    ["model", "outcome"],
 )

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from typing import TypeVar
 
 import grpc
@@ -16,11 +16,11 @@ from opentelemetry import trace
 
 from services.cache.api import CachedValue, Entry, L1Cache, SingleFlight, StoreItem, request_digest, versioned_key
 from services.common.errors import DeadlineExceeded, MeshserveError, Unavailable
-from services.common.recording import PARENT_HEADER
 from services.common.tensor_codec import encode_raw
 from services.common.tracing import child_span
 from services.feature.api import FeatureMatrix
 from services.gateway import metrics
+from services.gateway.activator import Activator, ParkedPastDeadline, Target
 from services.gateway.batching import BatchCall, StageBatcher
 from services.gateway.cache_converters import answer_from_cache, answer_to_cache_value
 from services.gateway.degradation import (
@@ -36,7 +36,16 @@ from services.gateway.degradation import (
 from services.gateway.demand import DemandTracker
 from services.gateway.domain import Answer, OutputSpec
 from services.gateway.inputs import feature_rows
-from services.gateway.joins import Rows, Wire, features_call, lookup_call, model_call, routing_headers, store_call
+from services.gateway.joins import (
+    PER_REQUEST_HEADERS,
+    Rows,
+    Wire,
+    features_call,
+    lookup_call,
+    model_call,
+    routing_headers,
+    store_call,
+)
 from services.gateway.pipeline import PipelineSpec
 from services.gateway.upstream import CacheUpstream, Deadline, FeatureUpstream, Headers, ModelUpstream
 from services.gateway.versions import ServingVersions
@@ -44,8 +53,6 @@ from services.model.api import InferResult, RawTensor
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("meshserve.gateway")
-# Passed-on headers that belong to one request: the members of a batch need not share them.
-PER_REQUEST_HEADERS = ("traceparent", "tracestate", "x-request-id", PARENT_HEADER)
 STORE_TIMEOUT_S = 0.2
 T = TypeVar("T")
 R = TypeVar("R")
@@ -68,12 +75,31 @@ def stage_batcher(spec: PipelineSpec, stage: str, span: str, call: BatchCall[T, 
     )
 
 
+class _Flight:
+    """One computation that callers share (SingleFlight runs it in a task of its own), cancelled when every caller is:
+    a cancelled caller must not leave an answer nobody waits for holding a parked slot until its deadline."""
+
+    def __init__(self) -> None:
+        self.callers = 0
+        self.task: asyncio.Task[Answer] | None = None
+
+    async def run(self, compute: Awaitable[Answer]) -> Answer:
+        self.task = asyncio.current_task()
+        return await compute
+
+    def cancel(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+
+
 class PipelineRunner:
     """Runs one pipeline; built once per pipeline at start, shared by every request.
 
     The upstream clients come in by the constructor (the real ones in the gateway, fakes in tests); `outputs`
     is what the version refresher learnt of each model's outputs (by model name), read by the default remedy;
-    `demand` counts the model calls in flight (the gateway's, which it reports to the scaler).
+    `demand` counts the model calls in flight (the gateway's, which it reports to the scaler); `activator` parks
+    requests while their model has no serving replica (the gateway's, shared by every runner; None: one of this
+    runner's own on `demand` and `model`, with the default settings).
     """
 
     def __init__(
@@ -86,6 +112,7 @@ class PipelineRunner:
         near: L1Cache | None = None,
         outputs: Mapping[str, Mapping[str, OutputSpec]] | None = None,
         demand: DemandTracker | None = None,
+        activator: Activator | None = None,
     ) -> None:
         self.spec = spec
         self.cache = cache
@@ -95,12 +122,14 @@ class PipelineRunner:
         self.near = near if near is not None and near.max_bytes > 0 and near.max_ttl_s > 0 else None
         self.known_outputs: Mapping[str, Mapping[str, OutputSpec]] = {} if outputs is None else outputs
         self.demand = DemandTracker() if demand is None else demand  # model calls in flight, for the scaler
+        self.activator = Activator(self.demand, model) if activator is None else activator
         self.model_inputs = spec.model_inputs()
         # Every model input computed by the feature service: a model refusing them as invalid is the features'
         # failure (degraded, the pipeline's remedies), not the caller's, who never sent those values.
         self._fed_by_features = spec.features is not None and set(self.model_inputs.values()) == {spec.features.output}
         self.key_inputs = spec.cache.key_inputs or [i.name for i in spec.inputs]
         self._flights: SingleFlight[Answer] = SingleFlight()
+        self._waiting: dict[bytes, _Flight] = {}  # flight key -> its callers and task
         self._stores: set[asyncio.Future[bool]] = set()
         timeouts = spec.timeouts
         self._budgets = {
@@ -141,7 +170,20 @@ class PipelineRunner:
             return near
         if flight_key in self._flights:
             metrics.COALESCED.labels(self.spec.name).inc()
-        return await self._flights.do(flight_key, lambda: self._compute(inputs, flight_key, rows, deadline, headers))
+        flight = self._waiting.setdefault(flight_key, _Flight())
+        flight.callers += 1
+        try:
+            return await self._flights.do(
+                flight_key, lambda: flight.run(self._compute(inputs, flight_key, rows, deadline, headers))
+            )
+        except asyncio.CancelledError:
+            if flight.callers == 1:  # the last caller left: nobody wants the answer (a parked one leaves its queue)
+                flight.cancel()
+            raise
+        finally:
+            flight.callers -= 1
+            if not flight.callers and self._waiting.get(flight_key) is flight:
+                del self._waiting[flight_key]
 
     # -- stages --------------------------------------------------------------------------------------------
 
@@ -251,31 +293,47 @@ class PipelineRunner:
         deadline: Deadline,
         headers: Headers,
         shared: dict[str, int] | None = None,
+        park: bool = True,
     ) -> InferResult:
-        """One model call; a failure the policy answers for raises Failure, any other error goes on."""
+        """One model call, parked while the model has no serving replica (`park=False`: never, as for a remedy's
+        call); a failure the policy answers for raises Failure, any other error goes on (a deadline that passed
+        while parked too: nothing is left of the request for a remedy)."""
         inputs = {model_input: tensors[tensor] for model_input, tensor in self.model_inputs.items()}
         rows = next(iter(inputs.values()))[1][0]
         budget = self._budgets["model"]
-        try:
+        key = (name, version, self._route(headers))
+
+        async def send() -> InferResult:
             timeout = deadline.for_hop(budget.value_ms, f"calling model {name!r}")
-        except MeshserveError as exc:
-            raise Failure("model_timeout", exc) from exc
-        with child_span(tracer, "model", {"model.name": name, "model.version": version}):
-            demand = self.demand.enter(name, version, headers)
+            demand = self.demand.enter(name, version, headers)  # in flight while sent, not while parked
             try:
-                key = (name, version, self._route(headers))
                 start = time.perf_counter()
                 result = await self._infers.submit(inputs, rows, timeout, key, shared)
                 budget.observe(time.perf_counter() - start)
+                return result
+            finally:
+                self.demand.leave(demand)
+
+        with child_span(tracer, "model", {"model.name": name, "model.version": version}):
+            try:
+                result = await self.activator.call(self._target(name, version, headers), send, deadline, park=park)
+            except ParkedPastDeadline:
+                raise
             except MeshserveError as exc:
                 failure = model_failure(exc)
                 if failure is None:
                     raise
                 raise failure from exc
-            finally:
-                self.demand.leave(demand)
         self.versions.saw(name, result.model_version)
         return result
+
+    @staticmethod
+    def _target(name: str, version: str, headers: Headers) -> Target:
+        """What the model call goes to, routed as `model_call` sends it (a pinned version in `x-model-version`)."""
+        routing = routing_headers(headers, PER_REQUEST_HEADERS)
+        if version:
+            routing = (*(h for h in routing if h[0] != "x-model-version"), ("x-model-version", version))
+        return Target(name, version, routing)
 
     def _outputs(self, result: InferResult) -> list[RawTensor]:
         by_name = {t.name: t for t in result.outputs}
@@ -419,7 +477,7 @@ class PipelineRunner:
             if fallback is None:
                 return None
             try:
-                result = await self._model(fallback.name, fallback.version, tensors, deadline, headers)
+                result = await self._model(fallback.name, fallback.version, tensors, deadline, headers, park=False)
             except (Failure, MeshserveError):
                 return None  # the fallback failed too: the next remedy
             answer = Answer(self._outputs(result), result.model_version, "miss")

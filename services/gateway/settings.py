@@ -1,4 +1,4 @@
-"""Settings of the gateway (`MESHSERVE_GATEWAY_*`): where the other services are, pipelines, admission."""
+"""Settings of the gateway (`MESHSERVE_GATEWAY_*`): where the other services are, pipelines, cold starts, admission."""
 
 from __future__ import annotations
 
@@ -51,6 +51,23 @@ class GatewaySettings(ServiceSettings):
         None,
         description="Bearer token the gateway sends on the loads and unloads it forwards to the model service "
         "(its MESHSERVE_MODEL_ADMIN_TOKEN); unset: admin_token; empty: none sent.",
+    )
+    cold_start_wait_s: float = Field(
+        20.0,
+        ge=0,
+        description="The longest a request waits, parked, for a model with no serving replica (scaled to zero: "
+        "Envoy's 'no healthy upstream'), from when it first parks; past it UNAVAILABLE (or a pipeline's remedy, "
+        "marked cold_start). Each request still leaves at its own deadline. 0: never wait (a remedy or UNAVAILABLE "
+        "at once).",
+    )
+    park_limit: int = Field(
+        1000, ge=1, description="The most requests parked per model; beyond, UNAVAILABLE at once (queue full)."
+    )
+    probe_interval_s: float = Field(
+        0.05,
+        gt=0,
+        description="How often the gateway asks a cold model's readiness (ModelReady, routed like the parked "
+        "requests) while requests are parked for it; the first ready answer releases them all.",
     )
     max_inflight: int = Field(256, ge=1, description="Requests in flight across all pipelines; beyond: shed.")
     min_limit: int = Field(16, ge=1, description="The adaptive limit never goes below this (nor above the cap).")

@@ -75,8 +75,18 @@ class FeatureUpstream(Protocol):
     ) -> FeatureMatrix: ...
 
 
-class ModelUpstream(Protocol):
-    """The model call of a pipeline request (ModelClient): raises MeshserveError with the service's code."""
+class ReadinessUpstream(Protocol):
+    """ModelReady through the mesh (ModelClient.ready), the activator's probe: raises MeshserveError with the status
+    it got."""
+
+    async def ready(
+        self, model: str, version: str = "", *, timeout_s: float | None = None, metadata: Headers = ()
+    ) -> bool: ...
+
+
+class ModelUpstream(ReadinessUpstream, Protocol):
+    """The model call of a pipeline request (ModelClient), and the model's readiness while it has no serving replica
+    (services/gateway/activator.py): raises MeshserveError with the service's code."""
 
     async def infer(
         self,

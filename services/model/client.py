@@ -73,6 +73,14 @@ class ModelClient:
         inputs, outputs = _tensors(response.inputs), _tensors(response.outputs)
         return ModelInfo(response.name, list(response.versions), response.platform, inputs, outputs)
 
+    async def ready(
+        self, model: str, version: str = "", *, timeout_s: float | None = None, metadata: Metadata = ()
+    ) -> bool:
+        """ModelReady of one model ("" version: any), answered by the replica the call is routed to."""
+        request = pb.ModelReadyRequest(name=model, version=version)
+        response = await self._call(f"model {model!r}", self.stub.ModelReady, request, timeout_s, metadata)
+        return bool(response.ready)
+
     # -- pass-through, one per v2 RPC ----------------------------------------------------------------------
 
     async def model_infer(

@@ -1,8 +1,10 @@
 """Fake model and feature services on an in-process gRPC server (loopback), for the upstream clients and the
-forwarder: each answers simply, records what it got, and fails with `fail[rpc]` (a status code) when told."""
+forwarder: each answers simply, records what it got, and fails with `fail[rpc]` (a status code) when told; and a
+cold model (Envoy's model listener with no endpoints until a test flips it to serve), for the activator."""
 
 from __future__ import annotations
 
+import struct
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -138,5 +140,51 @@ async def fake_services() -> AsyncIterator[tuple[FakeModelService, FakeFeatureSe
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
             yield model, feature, channel
+    finally:
+        await server.stop(0)
+
+
+class ColdModelService(pb_grpc.GRPCInferenceServiceServicer):
+    """Envoy's model listener while the model is scaled to zero: ModelInfer and ModelReady answer UNAVAILABLE "no
+    healthy upstream" (Envoy's local reply) until `serving` is set, then a replica answers: ModelInfer a `score`
+    of 0.5 per row (as version 1, or the version asked for), ModelReady ready. The next `cold_infers` ModelInfer
+    calls answer cold whatever `serving` says (a weighted split that picked a subset at zero)."""
+
+    def __init__(self) -> None:
+        self.serving = False
+        self.cold_infers = 0
+        self.infers: list[pb.ModelInferRequest] = []
+        self.probes: list[tuple[pb.ModelReadyRequest, dict[str, str]]] = []
+
+    async def ModelInfer(self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext) -> Any:
+        self.infers.append(request)
+        if self.cold_infers or not self.serving:
+            self.cold_infers = max(0, self.cold_infers - 1)
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "no healthy upstream")
+        rows = request.inputs[0].shape[0] if request.inputs else 1
+        response = pb.ModelInferResponse(model_name=request.model_name, model_version=request.model_version or "1")
+        response.outputs.add(name="score", datatype="FP32", shape=[rows, 1])
+        response.raw_output_contents.append(struct.pack(f"<{rows}f", *[0.5] * rows))
+        return response
+
+    async def ModelReady(self, request: pb.ModelReadyRequest, context: grpc.aio.ServicerContext) -> Any:
+        metadata = {k: v for k, v in (context.invocation_metadata() or ()) if isinstance(v, str)}
+        self.probes.append((request, metadata))
+        if not self.serving:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "no healthy upstream")
+        return pb.ModelReadyResponse(ready=True)
+
+
+@asynccontextmanager
+async def cold_model() -> AsyncIterator[tuple[ColdModelService, grpc.aio.Channel]]:
+    """A ColdModelService on a loopback server (cold), and a channel to it."""
+    service = ColdModelService()
+    server = grpc.aio.server()
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(service, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            yield service, channel
     finally:
         await server.stop(0)

@@ -169,8 +169,9 @@ class FakeFeatures:
 
 
 class FakeModel:
-    """ModelClient's infer and describe. Model `m` answers score 0.9 as version 1 (asked for "") and 0.2 as
-    version 2; `errors[(model, version)]` raises instead. `reachable=False`: describe fails (never reached)."""
+    """ModelClient's infer, ready (always) and describe. Model `m` answers score 0.9 as version 1 (asked
+    for "") and 0.2 as version 2; `errors[(model, version)]` raises instead. `reachable=False`: describe fails (never
+    reached)."""
 
     def __init__(self, log: list[str]) -> None:
         self.log = log
@@ -203,6 +204,12 @@ class FakeModel:
             first = np.frombuffer(inputs[0].raw, np.float32).reshape(rows, -1)[:, :1] / 100
             return InferResult(model, answered, [RawTensor("score", "FP32", [rows, 1], first.tobytes())])
         return InferResult(model, answered, [score(value, rows)])
+
+    async def ready(
+        self, model: str, version: str = "", *, timeout_s: float | None = None, metadata: Sequence[tuple[str, str]] = ()
+    ) -> bool:
+        self.log.append(f"model.ready {model}:{version}")
+        return True
 
     async def describe(
         self, model: str, version: str = "", *, timeout_s: float | None = None, metadata: Sequence[tuple[str, str]] = ()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from services.common.errors import InvalidArgument, ResourceExhausted
-from services.gateway.admission import Admission, GradientLimit, Priority, parse_priority
+from services.gateway.admission import Admission, GradientLimit, Priority, current_permit, parse_priority
 
 
 def test_a_pool_admits_up_to_its_cap_then_refuses_with_a_retry_hint() -> None:
@@ -45,6 +45,31 @@ def test_the_total_cap_holds_across_pools() -> None:
     admission.acquire("model:x", Priority.HIGH)  # forwarded models get a pool of their own
     with pytest.raises(ResourceExhausted, match="the gateway has 3 requests in flight"):
         admission.acquire("a", Priority.HIGH)
+
+
+def test_a_parked_request_steps_out_of_its_pool_and_back_and_is_never_a_latency_sample_nor_a_drop() -> None:
+    admission = Admission(total_cap=2, min_limit=1, low_priority_share=1.0, retry_after_ms=0)
+    admission.add_pool("p", cap=2, adaptive=True)
+    permit = admission.acquire("p", Priority.HIGH)
+    assert current_permit() is permit  # what the activator finds when this request parks
+    pool, limit = permit.pool, permit.pool.limit
+    assert limit is not None
+    permit.step_out()
+    permit.step_out()  # once only
+    assert (pool.inflight, admission.total_inflight) == (0, 0)
+    others = [admission.acquire("p", Priority.HIGH) for _ in range(2)]  # its slot is free while it waits
+    permit.step_in()
+    assert (pool.inflight, admission.total_inflight) == (3, 3)  # back in flight even above the limit
+    before = limit.limit
+    permit.release(sample=True, dropped=True)  # its latency and its deadline were the cold start's
+    assert (pool.inflight, limit.limit, limit._window) == (2, before, [])
+    for other in others:
+        other.release(sample=False)
+    stepped = admission.acquire("p", Priority.HIGH)
+    stepped.step_out()
+    stepped.release(sample=False)  # released while out (its caller went): not counted twice
+    stepped.step_in()  # nor again when its wait ends
+    assert (pool.inflight, admission.total_inflight) == (0, 0)
 
 
 def test_the_limit_shrinks_when_latency_rises_and_grows_back() -> None:

@@ -57,6 +57,16 @@ async def test_model_describe(fakes: Fakes) -> None:
     assert [(t.name, t.shape) for t in info.inputs] == [("x", [-1, 4])]
 
 
+async def test_model_ready_in_plain_types_carries_the_routing_headers(fakes: Fakes) -> None:
+    service, _, channel = fakes
+    assert await ModelClient(channel).ready("m", "2", timeout_s=5, metadata=[("x-model-version", "2")])
+    request = service.requests["ModelReady"]
+    assert (request.name, request.version, service.metadata["ModelReady"]["x-model-version"]) == ("m", "2", "2")
+    service.fail["ModelReady"] = grpc.StatusCode.UNAVAILABLE
+    with pytest.raises(Unavailable, match=r"^model 'm': "):
+        await ModelClient(channel).ready("m", timeout_s=5)
+
+
 @pytest.mark.parametrize(
     ("code", "kind"),
     [
