@@ -46,17 +46,26 @@ def change(
         mesh = LocalMesh.attach(log_dir / MESH_DIR)
         if wanted is None:
             return mesh.weights(service)
-        refuse_unserved(mesh, service, wanted)
+        refuse_unserved(mesh, service, wanted, scaled_subsets(log_dir) if service == "model" else set())
         return mesh.set_weights(service, wanted)
     except MeshConfigError as e:
         raise CanaryError(f"{e} (is `meshserve up` running with --log-dir {log_dir} and the mesh?)") from None
 
 
-def refuse_unserved(mesh: LocalMesh, service: str, weights: dict[str, int]) -> None:
-    """CanaryError when `weights` give a share to a subset of the split that no replica of `service` serves (a subset
-    the split does not know is LocalMesh.set_weights's error)."""
+def scaled_subsets(log_dir: Path) -> set[str]:
+    """The model subsets of the stack in `log_dir` (from its stack.json), running or asleep at zero replicas."""
+    from services.cli.stack.state import read_state
+
+    state = read_state(log_dir) or {}
+    return {str(g.get("subset")) for g in state.get("groups") or [] if isinstance(g, dict)}
+
+
+def refuse_unserved(mesh: LocalMesh, service: str, weights: dict[str, int], asleep: set[str] | None = None) -> None:
+    """CanaryError when `weights` give a share to a subset of the split that no replica of `service` serves and that
+    is not among `asleep` (subsets whose replicas the stack starts on demand); a subset the split does not know is
+    LocalMesh.set_weights's error."""
     split = mesh.subsets(service)  # MeshConfigError for a service the mesh does not know
-    served = {r.labels.get("version") for r in mesh.topology.services[service].replicas}
+    served = {r.labels.get("version") for r in mesh.topology.services[service].replicas} | (asleep or set())
     unserved = sorted(subset for subset, w in weights.items() if w > 0 and subset in split and subset not in served)
     if unserved:
         raise CanaryError(

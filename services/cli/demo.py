@@ -1,4 +1,5 @@
-"""`meshserve demo`: synthetic transactions to the `fraud` pipeline, a live view, and a summary."""
+"""`meshserve demo`: synthetic transactions to the `fraud` pipeline, a live view, and a summary; after `make run`'s
+demo, a model group going to zero replicas and waking on the next requests."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import signal
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import numpy as np
@@ -21,6 +22,10 @@ from services.cli.connect import Endpoint
 from services.cli.infer import build_request, decode_outputs, input_specs, parameter_value, rows_to_arrays
 from services.cli.traffic import TrafficGenerator
 from services.protos import inference_pb2, inference_pb2_grpc
+
+if TYPE_CHECKING:
+    from services.cli.stack.autoscaler import Autoscaler
+    from services.cli.stack.topology import ModelGroup
 
 BINS = 10
 
@@ -250,3 +255,110 @@ async def _live_view(console: Console, stats: DemoStats, workers: list[asyncio.T
             await asyncio.wait(workers, timeout=0.25)
         progress.update(task, completed=duration_s)
         view.update(Group(progress, render(stats.summary())))
+
+
+@dataclass
+class WakeUp:
+    """What `wake_up` saw: the requests sent while a group woke, and when the first answer from it came."""
+
+    requests: int = 0
+    ok: int = 0
+    errors: dict[str, int] = field(default_factory=dict)
+    first_ms: float | None = None  # the very first request's latency (sent with the group at zero)
+    woken_after_s: float | None = None  # from the first request until the first answer the woken group gave
+    woken_ms: float | None = None  # that answer's own latency
+
+
+async def wake_up(
+    address: str | Endpoint,
+    versions: set[str] | None,
+    timeout_s: float = 30.0,
+    concurrency: int = 2,
+    pipeline: str = "fraud",
+    seed: int = 1,
+) -> WakeUp:
+    """Send transactions from `concurrency` workers until an answer comes from one of `versions` (its
+    `model_version`; None: any answer) or `timeout_s` passes; what happened."""
+    endpoint = Endpoint(address) if isinstance(address, str) else address
+    metadata = endpoint.metadata()
+    traffic = TrafficGenerator(seed=seed, repeat=0.0)
+    out = WakeUp()
+    errors: Counter[str] = Counter()
+    done = asyncio.Event()
+    async with endpoint.aio_channel() as channel:
+        stub = inference_pb2_grpc.GRPCInferenceServiceStub(channel)
+        model = await stub.ModelMetadata(inference_pb2.ModelMetadataRequest(name=pipeline), metadata=metadata)
+        specs = input_specs(model)
+        started = time.perf_counter()
+
+        async def worker() -> None:
+            while not done.is_set() and time.perf_counter() - started < timeout_s:
+                request = build_request(pipeline, rows_to_arrays([traffic.next()], specs))
+                t0 = time.perf_counter()
+                out.requests += 1
+                first = out.requests == 1
+                try:
+                    response = await stub.ModelInfer(request, timeout=timeout_s, metadata=metadata)
+                except grpc.aio.AioRpcError as e:
+                    errors[e.code().name] += 1
+                    await asyncio.sleep(retry_after_s(e))
+                    continue
+                latency_ms = (time.perf_counter() - t0) * 1000.0
+                out.ok += 1
+                if first:
+                    out.first_ms = latency_ms
+                parameters = {k: parameter_value(v) for k, v in response.parameters.items()}
+                woke = versions is None or str(parameters.get("model_version")) in versions
+                if woke and not parameters.get("degraded"):
+                    if out.woken_after_s is None:
+                        out.woken_after_s = time.perf_counter() - started
+                        out.woken_ms = latency_ms
+                    done.set()
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    out.errors = dict(errors)
+    return out
+
+
+async def scale_to_zero_demo(autoscaler: Autoscaler, group: ModelGroup, endpoint: Endpoint, console: Console) -> None:
+    """Wait (printing progress) until `group` is at zero replicas after its scale-down window without demand, then
+    send requests until it answers again; print how long that took and the first answer's latency from zero."""
+    subset, window = group.subset, group.scale_down_window_s
+    scaler = autoscaler.groups[subset]
+    console.rule(f"scale to zero: {subset} sleeps after {window:g} s without demand and wakes on the next request")
+    deadline = time.monotonic() + window + 30.0  # the window, then a retire's drain
+    while scaler.current > 0:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            console.print(f"[yellow]{subset} still at {scaler.current} replicas[/] (autoscale.json)", highlight=False)
+            return
+        console.print(
+            f"{subset}: {scaler.current} replica(s), idle for {scaler.idle_s():.0f} of {window:g} s", highlight=False
+        )
+        await autoscaler.wait_for(subset, lambda n: n == 0, min(5.0, left))
+    console.print(f"[green]{subset} is at 0 replicas[/] ({_last_reason(autoscaler, subset)})", highlight=False)
+    versions = group.pinned_versions.get(group.model or "")
+    woken = {str(v) for v in versions} if versions else None
+    sent = time.monotonic()
+    waiting = asyncio.create_task(autoscaler.wait_for(subset, lambda n: n > 0, 60.0))
+    wake = await wake_up(endpoint, woken, timeout_s=60.0)
+    back_s = time.monotonic() - sent if await waiting else None
+    errors = ", ".join(f"{k} {v}" for k, v in sorted(wake.errors.items()))
+    if wake.woken_after_s is None:
+        console.print(f"[yellow]{subset} did not answer within 60 s[/] ({wake.ok}/{wake.requests} ok {errors})")
+        return
+    replica = f"a replica serving {back_s:.1f} s after the first request" if back_s is not None else "replicas back"
+    console.print(
+        f"[green]{subset} is back[/]: {replica} ({_last_reason(autoscaler, subset, up=True)}); its first answer "
+        f"came {wake.woken_after_s:.2f} s after the first request and took {wake.woken_ms:.0f} ms; "
+        f"{wake.ok}/{wake.requests} requests ok" + (f" ({errors})" if errors else ""),
+        highlight=False,
+    )
+
+
+def _last_reason(autoscaler: Autoscaler, subset: str, up: bool = False) -> str:
+    """The reason of the group's last decision (its last upward one with `up`)."""
+    for d in reversed(autoscaler.decisions):
+        if d.subset == subset and (not up or d.after > d.before):
+            return d.reason
+    return "no decision yet"

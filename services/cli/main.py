@@ -35,8 +35,8 @@ class TracingMode(enum.StrEnum):
 
 
 PORT_BASE_HELP = (
-    "gRPC ports from here (gateway +0, model v1 +1/+11, feature +2, cache +3, canary +21; metrics +1000); "
-    "0 picks free ports."
+    "gRPC ports from here (gateway +0, model v1 +1/+11, feature +2, cache +3, scaler +5, canary +21; "
+    "metrics +1000); 0 picks free ports."
 )
 DEFAULT_ADDRESS = "127.0.0.1:8080"
 DEFAULT_LOG_DIR = default_log_dir()
@@ -185,12 +185,18 @@ def _stack_layout(
     trace store's file in the log dir, Valkey unless there is an external Redis, Envoy's admin on a socket with the
     mesh, and `options` (StackLayout.local's). Exits 2 on a bad topology, clashing ports or no model repository."""
     from services.cli.stack.layout import StackLayout
-    from services.cli.stack.topology import StackTopology, TopologyFileError
+    from services.cli.stack.topology import StackTopology, TopologyFileError, demo_file
 
     try:
         stack = StackTopology.load(topology) if topology is not None else StackTopology.demo()
+        try:
+            stack = stack.with_counts(*counts, on_demand=options["mesh"])
+        except TopologyFileError as e:
+            where = topology if topology is not None else demo_file()
+            hint = " (or --no-canary)" if "needs the mesh" in str(e) and "canary" in str(e) else ""
+            raise TopologyFileError(f"{where}: {e}{hint}") from None
         layout = StackLayout.local(
-            topology=stack.with_counts(*counts),
+            topology=stack,
             traces_db=log_dir / "traces.sqlite",
             tracing_mode=tracing_mode.value,
             valkey=redis_url is None,

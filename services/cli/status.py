@@ -1,5 +1,6 @@
 """`meshserve status`: the health of each process of the local stack (grpc.health.v1, Envoy's /ready, Valkey's
-PING with its password, and the ingress, over TLS when it is secure)."""
+PING with its password, and the ingress, over TLS when it is secure), and the model replicas per subset with the
+autoscaler's last decision."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from services.cli.connect import read_state
+from services.cli.stack.autoscaler import read_autoscale
 from services.cli.stack.credentials import SecretsError, StackSecrets
 from services.cli.stack.layout import StackLayout
 from services.cli.stack.specs import build_specs
@@ -100,8 +102,31 @@ def targets(log_dir: Path, port_base: int) -> list[Probe]:
     ]
 
 
+def replica_rows(log_dir: Path) -> list[tuple[str, str, str, str]]:
+    """(subset, "current / min / max", model, last decision) of each model group of the stack running in
+    `log_dir`: its count from the autoscaler when the group scales, else from stack.json."""
+    state = read_state(log_dir)
+    if state is None:
+        return []
+    scaling = read_autoscale(log_dir) or {}
+    scaled = scaling.get("groups") or {}
+    decisions = scaling.get("decisions") or []
+    rows = []
+    for g in state.get("groups") or []:
+        subset = str(g.get("subset"))
+        live = scaled.get(subset) or {}
+        current = live.get("replicas", len(g.get("replicas") or []))
+        last = next((d for d in reversed(decisions) if d.get("subset") == subset), None)
+        said = f"{last['time']}: {last['from']} -> {last['to']} ({last['reason']})" if last else ""
+        if not said and g.get("min") != g.get("max"):
+            said = "none yet"
+        scales_on = str(g.get("model") or "") if g.get("min") != g.get("max") else "(fixed)"
+        rows.append((subset, f"{current} / {g.get('min')} / {g.get('max')}", scales_on, said))
+    return rows
+
+
 def check_all(log_dir: Path, port_base: int, console: Console) -> int:
-    """Print a table; 0 when every process is healthy, else 1."""
+    """Print the health table, then the replicas per subset; 0 when every process is healthy, else 1."""
     table = Table(title="meshserve stack")
     for column in ("service", "address", "health"):
         table.add_column(column)
@@ -112,4 +137,12 @@ def check_all(log_dir: Path, port_base: int, console: Console) -> int:
         unhealthy += not ok
         table.add_row(probe.name, probe.target, f"[{'green' if ok else 'red'}]{status}[/]")
     console.print(table)
+    rows = replica_rows(log_dir)
+    if rows:
+        replicas = Table(title="model replicas")
+        for column in ("subset", "replicas (current / min / max)", "scales on", "last scaling decision"):
+            replicas.add_column(column)
+        for row in rows:
+            replicas.add_row(*row)
+        console.print(replicas)
     return int(unhealthy > 0)

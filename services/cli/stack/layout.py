@@ -18,13 +18,16 @@ NO_TRACES: tuple[None, None, None] = (None, None, None)
 
 
 class ModelReplica(BaseModel):
-    """One model-service process of the stack: its mesh subset, the model versions it is pinned to, its ports."""
+    """One model-service replica slot of the stack: its mesh subset, the model versions it is pinned to, its ports;
+    `initial` when it runs from the start (the others are started and retired by the autoscaler)."""
 
     name: str
     subset: str
     pinned_versions: dict[str, list[int]]
     port: int
     metrics_port: int
+    slot: int = Field(0, description="Its place in its group (0 first): the autoscaler fills slots in order.")
+    initial: bool = Field(True, description="Started with the stack (the group's first `replicas` slots).")
 
 
 class GatewayReplica(BaseModel):
@@ -42,12 +45,16 @@ class StackLayout(BaseModel):
     """Every port and path of the local stack; services.cli.stack.specs turns it into process specs.
 
     `local(base)` places the ports: gateway base (its further replicas base+10, base+20, ...), stable model replicas
-    base+1, base+11, ..., feature base+2, cache base+3, Valkey base+4, the canary's replicas from base+21 (after at
-    least two stable slots); each /metrics port is its gRPC port + 1000 (with base 8000: the documented 8000-8003 /
-    9000-9003). With the mesh: Envoy's ingress base+80, admin base+1901 (8080, 9901; with `admin_socket`, the Unix
-    socket `<log_dir>/mesh/admin.sock` instead), and the outbound listener of gateway, model, feature, cache at
-    base+100..103. With traces: the OTLP receiver on 4317 for base 8000, else base+90; its UI base+91, and in
-    retroactive mode Envoy's access log records base+92.
+    base+1, base+11, ..., feature base+2, cache base+3, Valkey base+4, the scaler base+5 (only when a group
+    autoscales), the canary's replicas from base+21 (after at least two stable slots); each /metrics port is its
+    gRPC port + 1000 (with base 8000: the documented 8000-8003 / 9000-9003, the scaler 8005 / 9005). Each group has
+    a slot (name and ports) for each of its max_replicas, ten ports apart, whether it runs or not: the stable
+    group's at base+1+10*i, the canary's from base+1+10*max(stable max_replicas, 2); `replicas` lists every slot,
+    `initial` marking those that start with the stack. With the mesh: Envoy's ingress base+80, admin base+1901
+    (8080, 9901; with `admin_socket`, the Unix socket `<log_dir>/mesh/admin.sock` instead), and the outbound
+    listener of gateway, model, feature, cache at base+100..103. With traces: the OTLP receiver on 4317 for base
+    8000, else base+90; its UI base+91, and in retroactive mode Envoy's access log records base+92. A layout whose
+    slots reach these (a stable group of 8 and a canary of 3 reach base+101) is refused: `clashing_ports`.
     """
 
     host: str = "127.0.0.1"
@@ -59,7 +66,12 @@ class StackLayout(BaseModel):
     feature_metrics_port: int = 9002
     cache_port: int = 8003
     cache_metrics_port: int = 9003
-    replicas: list[ModelReplica]
+    replicas: list[ModelReplica] = Field(description="Every model replica slot: the initial ones, those to scale to.")
+    groups: list[ModelGroup] = Field(
+        default_factory=list, description="The topology's model groups (their subsets, bounds and scaling policy)."
+    )
+    scaler_port: int | None = Field(None, description="The scaler service's port; None: no group autoscales.")
+    scaler_metrics_port: int | None = None
     valkey_port: int | None = Field(None, description="The supervised Valkey's port; None: an external Redis.")
     mesh: bool = Field(False, description="Run Envoy (rendered from istio/) between the services.")
     insecure: bool = Field(False, description="A plaintext ingress that asks for no token (quick trials).")
@@ -119,6 +131,7 @@ class StackLayout(BaseModel):
         feature_port, feature_metrics_port = ports.pair(2)
         cache_port, cache_metrics_port = ports.pair(3)
         valkey_port = ports.one(4) if valkey else None
+        scaler_port, scaler_metrics_port = ports.pair(5) if topology.autoscaled else (None, None)
         listen = mesh_ports(ports, admin_socket) if mesh else {}
         traces_port, traces_ui_port, traces_recording_port = trace_ports(ports, tracing_mode) if traces else NO_TRACES
         layout = cls(
@@ -140,7 +153,10 @@ class StackLayout(BaseModel):
             cache_port=cache_port,
             cache_metrics_port=cache_metrics_port,
             valkey_port=valkey_port,
+            scaler_port=scaler_port,
+            scaler_metrics_port=scaler_metrics_port,
             replicas=replicas,
+            groups=topology.groups,
             models_dir=(models_dir or default_models_dir()).resolve(),
             pipelines_dir=pipelines_dir.resolve() if pipelines_dir else None,
             log_dir=log_dir.resolve() if log_dir else None,
@@ -158,6 +174,20 @@ class StackLayout(BaseModel):
     @property
     def gateway_metrics_port(self) -> int:
         return self.gateways[0].metrics_port
+
+    @property
+    def initial_replicas(self) -> list[ModelReplica]:
+        """The model replicas that start with the stack."""
+        return [r for r in self.replicas if r.initial]
+
+    @property
+    def autoscaled(self) -> list[ModelGroup]:
+        """The model groups whose replica count follows the demand."""
+        return [g for g in self.groups if g.autoscaled]
+
+    def slots(self, subset: str) -> list[ModelReplica]:
+        """Every replica slot of a group, in order."""
+        return [r for r in self.replicas if r.subset == subset]
 
     @property
     def admin(self) -> str:
@@ -189,6 +219,10 @@ class StackLayout(BaseModel):
             out += [(r.name, r.port), (f"{r.name} metrics", r.metrics_port)]
         if self.valkey_port is not None:
             out.append(("valkey", self.valkey_port))
+        if self.scaler_port is not None:
+            out.append(("scaler", self.scaler_port))
+        if self.scaler_metrics_port is not None:
+            out.append(("scaler metrics", self.scaler_metrics_port))
         if self.mesh:
             out += [(f"envoy {k}", v) for k, v in self.listen_ports.items()]
             out.append(("envoy ingress", self.ingress_port))
@@ -217,19 +251,19 @@ def default_models_dir() -> Path:
 
 
 def model_replicas(topology: StackTopology, ports: PortAllocator) -> list[ModelReplica]:
-    """The model service's replicas: the stable group's from offset 1 (lettered: model-v1-a, model-v1-b, ...), then the
-    canary's after at least two stable slots (lettered when there are several)."""
+    """The model service's replica slots: the stable group's from offset 1 (lettered: model-v1-a, model-v1-b, ...),
+    then the canary's after at least two stable slots (lettered when it may run several)."""
     replicas = replica_group(topology.stable, ports, 1, lettered=True)
     if topology.canary is not None:
-        first = 10 * max(topology.stable.replicas, 2) + 1
-        replicas += replica_group(topology.canary, ports, first, lettered=topology.canary.replicas > 1)
+        first = 10 * max(topology.stable.max_replicas, 2) + 1
+        replicas += replica_group(topology.canary, ports, first, lettered=topology.canary.max_replicas > 1)
     return replicas
 
 
 def replica_group(group: ModelGroup, ports: PortAllocator, first_offset: int, lettered: bool) -> list[ModelReplica]:
-    """One group's replicas, ten ports apart from `first_offset`."""
+    """One group's slots up to its max_replicas, ten ports apart from `first_offset`; its first `replicas` initial."""
     out = []
-    for i in range(group.replicas):
+    for i in range(group.max_replicas):
         port, metrics_port = ports.pair(first_offset + 10 * i)
         name = f"model-{group.subset}-{chr(ord('a') + i)}" if lettered else f"model-{group.subset}"
         out.append(
@@ -239,6 +273,8 @@ def replica_group(group: ModelGroup, ports: PortAllocator, first_offset: int, le
                 pinned_versions=group.pinned_versions,
                 port=port,
                 metrics_port=metrics_port,
+                slot=i,
+                initial=i < group.replicas,
             )
         )
     return out

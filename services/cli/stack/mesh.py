@@ -16,7 +16,8 @@ if TYPE_CHECKING:
 
 
 def mesh_topology(layout: StackLayout, secrets: StackSecrets | None = None) -> MeshTopology:
-    """The mesh's view of the stack: each service's endpoints with their subset labels, listeners, ingress, admin;
+    """The mesh's view of the stack: each service's endpoints with their subset labels (the model's initial replicas;
+    the service is dynamic when a group autoscales, its endpoints then changed live), listeners, ingress, admin;
     unless the layout is insecure, the ingress's TLS certificate and the JWKS of the stack's signing key (from
     `secrets`, which a secure layout needs)."""
     from services.mesh import MeshEndpoint, MeshService, MeshTopology
@@ -24,10 +25,11 @@ def mesh_topology(layout: StackLayout, secrets: StackSecrets | None = None) -> M
     t = layout
     endpoints = {
         "gateway": [(g.port, "v1") for g in t.gateways],
-        "model": [(r.port, r.subset) for r in t.replicas],
+        "model": [(r.port, r.subset) for r in t.initial_replicas],
         "feature": [(t.feature_port, "v1")],
         "cache": [(t.cache_port, "v1")],
     }
+    dynamic = {"model"} if t.autoscaled else set()
     security: dict[str, object] = {"authenticate": False, "ingress_tls": None}
     if not t.insecure:
         from services.common.tokens import LOCAL_ISSUER
@@ -45,6 +47,7 @@ def mesh_topology(layout: StackLayout, secrets: StackSecrets | None = None) -> M
             name: MeshService(
                 listen=t.address(t.listen_ports[name]),
                 replicas=[MeshEndpoint(address=t.address(p), labels={"version": v}) for p, v in ports],
+                dynamic=name in dynamic,
             )
             for name, ports in endpoints.items()
         },
@@ -56,25 +59,32 @@ def mesh_topology(layout: StackLayout, secrets: StackSecrets | None = None) -> M
     )
 
 
-def render_mesh(layout: StackLayout, workdir: Path, secrets: StackSecrets | None = None) -> list[str]:
-    """Render Envoy's configuration from istio/ for the stack into `workdir`; Envoy's command line."""
+def prepare_mesh(layout: StackLayout, workdir: Path, secrets: StackSecrets | None = None) -> LocalMesh:
+    """Render Envoy's configuration from istio/ for the stack into `workdir`; the mesh, whose Envoy command the
+    supervisor runs and whose dynamic endpoints the autoscaler changes."""
     from services.mesh import LocalMesh
 
     mesh = LocalMesh(mesh_topology(layout, secrets), layout.istio_paths, workdir)
-    mesh.overrides.update(served_splits(mesh))
+    mesh.overrides.update(served_splits(mesh, {"model": {g.subset for g in layout.groups}}))
     mesh.render()
-    return mesh.envoy.command
+    return mesh
 
 
-def served_splits(mesh: LocalMesh) -> dict[str, dict[str, int]]:
-    """Per service whose split (as istio/ declares it) gives a share to a subset no replica serves (the canary of a
+def render_mesh(layout: StackLayout, workdir: Path, secrets: StackSecrets | None = None) -> list[str]:
+    """Render Envoy's configuration from istio/ for the stack into `workdir`; Envoy's command line."""
+    return prepare_mesh(layout, workdir, secrets).envoy.command
+
+
+def served_splits(mesh: LocalMesh, subsets: dict[str, set[str]] | None = None) -> dict[str, dict[str, int]]:
+    """Per service whose split (as istio/ declares it) gives a share to a subset nothing serves (the canary of a
     stack started with `--no-canary`): the split with that share moved to the served subset with the largest share,
     so that no request goes where nothing answers and `meshserve canary show` says what is in force. The stack labels
-    each replica with its subset as `version`, which the DestinationRule's subsets select."""
+    each replica with its subset as `version`, which the DestinationRule's subsets select. A service's subsets are
+    those of its replicas, and those `subsets` names for it (a group that may be at zero replicas now)."""
     out = {}
     for name, service in mesh.topology.services.items():
         weights = mesh.weights(name)
-        served = {replica.labels.get("version") for replica in service.replicas}
+        served = {replica.labels.get("version") for replica in service.replicas} | (subsets or {}).get(name, set())
         kept = {subset: w for subset, w in weights.items() if subset in served}
         lost = sum(w for subset, w in weights.items() if subset not in served)
         if not kept or not lost:
@@ -85,11 +95,11 @@ def served_splits(mesh: LocalMesh) -> dict[str, dict[str, int]]:
 
 
 def endpoints(layout: StackLayout) -> dict[str, set[str]]:
-    """Per service of the mesh, the addresses of its replicas."""
+    """Per service of the mesh, the addresses of its replicas at start."""
     t = layout
     return {
         "gateway": {t.address(g.port) for g in t.gateways},
-        "model": {t.address(r.port) for r in t.replicas},
+        "model": {t.address(r.port) for r in t.initial_replicas},
         "feature": {t.address(t.feature_port)},
         "cache": {t.address(t.cache_port)},
     }

@@ -9,13 +9,14 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import BaseModel, Field, SecretStr
 
 from services.cache.settings import CacheSettings
-from services.cli.stack.layout import StackLayout
+from services.cli.stack.layout import ModelReplica, StackLayout
 from services.cli.stack.ports import port_in_use
 from services.common.recording import RecordingSettings
 from services.common.settings import ServiceSettings
 from services.feature.settings import FeatureSettings
 from services.gateway.settings import GatewaySettings
 from services.model.settings import ModelSettings
+from services.scaler.settings import ScalerSettings
 from services.traces.settings import TracesSettings
 
 if TYPE_CHECKING:
@@ -69,6 +70,7 @@ SETTINGS: dict[str, type[ServiceSettings]] = {
     "feature": FeatureSettings,
     "cache": CacheSettings,
     "gateway": GatewaySettings,
+    "scaler": ScalerSettings,
 }
 """The settings class each `python -m services.<name>` reads: the only source of its environment variables."""
 
@@ -113,7 +115,8 @@ def upstream(layout: StackLayout, service: str) -> str:
     t = layout
     if t.mesh:
         return t.address(t.listen_ports[service])
-    ports = {"model": t.replicas[0].port, "feature": t.feature_port, "cache": t.cache_port, "gateway": t.gateway_port}
+    model = (t.initial_replicas or t.replicas)[0].port
+    ports = {"model": model, "feature": t.feature_port, "cache": t.cache_port, "gateway": t.gateway_port}
     return t.address(ports[service])
 
 
@@ -160,6 +163,9 @@ def secret_settings(service: str, secrets: StackSecrets | None) -> dict[str, str
     return fields
 
 
+RECORDING_PEERS_FILE = "recording-peers"  # in the log dir: the running replicas of groups that scale
+
+
 def torch_threads(replicas: int) -> int:
     """torch intra-op threads per model replica: the cores shared among the replicas, 1 to 4 each."""
     return max(1, min(4, (os.cpu_count() or 2) // replicas))
@@ -171,13 +177,15 @@ def build_specs(
     envoy_command: list[str] | None = None,
     secrets: StackSecrets | None = None,
 ) -> list[ProcessSpec]:
-    """Process specs of the stack, dependencies first: (traces, Valkey,) model replicas, feature, cache, (Envoy,)
-    the gateway's replicas.
+    """Process specs of the stack, dependencies first: (traces, Valkey,) the initial model replicas, feature, cache,
+    (the scaler,) (Envoy,) the gateway's replicas.
 
     `redis_url` is what feature and cache get (with the layout's Valkey: its URL, password included). With the mesh
     (`layout.mesh` and Envoy's command), the gateway's upstream addresses are Envoy listeners. With `secrets`, every
-    service gets the operator's token (and the gateway the JWKS), Valkey its password. Each service's variables come
-    from its settings class: a field renamed there fails here, before anything starts.
+    service gets the operator's token (and the gateway the JWKS), Valkey its password. When a model group
+    autoscales, the scaler runs and every gateway reports its demand to it; the replicas the autoscaler adds later
+    get their specs from `model_spec`. Each service's variables come from its settings class: a field renamed there
+    fails here, before anything starts.
     """
     t = layout
     if t.mesh and envoy_command is None:
@@ -190,6 +198,8 @@ def build_specs(
     redis_deps = ["valkey"] if t.valkey_port is not None else []
     specs += model_specs(t, tracing, secrets, depends_on=traced)
     specs += redis_user_specs(t, redis_url, tracing, secrets, depends_on=[*traced, *redis_deps])
+    if t.scaler_port is not None:
+        specs.append(scaler_spec(t))
     if t.mesh and envoy_command is not None:
         envoy = envoy_spec(t, envoy_command)
         envoy.depends_on = [s.name for s in specs]
@@ -214,26 +224,45 @@ def tracing_env(layout: StackLayout) -> dict[str, str]:
 def model_specs(
     layout: StackLayout, tracing: dict[str, str], secrets: StackSecrets | None, depends_on: list[str]
 ) -> list[ProcessSpec]:
-    """One spec per model replica: its subset's pinned versions, the cores shared among the replicas."""
+    """One spec per initial model replica."""
+    return [model_spec(layout, r, tracing, secrets, depends_on) for r in layout.initial_replicas]
+
+
+def model_spec(
+    layout: StackLayout,
+    replica: ModelReplica,
+    tracing: dict[str, str],
+    secrets: StackSecrets | None,
+    depends_on: list[str],
+) -> ProcessSpec:
+    """A model replica's spec: its subset's pinned versions, the cores shared among every slot (so that a group at
+    its max_replicas does not oversubscribe them)."""
+    t, r = layout, replica
+    spec = service_spec(
+        "model",
+        r.name,
+        t,
+        r.port,
+        r.metrics_port,
+        {**tracing, **({"OTEL_SERVICE_NAME": "model"} if tracing else {})},
+        repository=t.models_dir,
+        pinned_versions=r.pinned_versions,
+        secrets=secret_settings("model", secrets),
+        torch_threads=torch_threads(len(t.replicas)),
+    )
+    spec.role = f"model {r.subset} " + ", ".join(f"{m}:{v}" for m, v in r.pinned_versions.items())
+    spec.depends_on = list(depends_on)
+    return spec
+
+
+def scaler_spec(layout: StackLayout) -> ProcessSpec:
+    """The scaler service (KEDA's external-scaler API on the gateways' summed demand), which the stack's autoscaler
+    calls as KEDA would. It exports no spans: its callers poll it twice a second."""
     t = layout
-    specs = []
-    for r in t.replicas:
-        spec = service_spec(
-            "model",
-            r.name,
-            t,
-            r.port,
-            r.metrics_port,
-            {**tracing, **({"OTEL_SERVICE_NAME": "model"} if tracing else {})},
-            repository=t.models_dir,
-            pinned_versions=r.pinned_versions,
-            secrets=secret_settings("model", secrets),
-            torch_threads=torch_threads(len(t.replicas)),
-        )
-        spec.role = f"model {r.subset} " + ", ".join(f"{m}:{v}" for m, v in r.pinned_versions.items())
-        spec.depends_on = list(depends_on)
-        specs.append(spec)
-    return specs
+    assert t.scaler_port is not None and t.scaler_metrics_port is not None
+    spec = service_spec("scaler", "scaler", t, t.scaler_port, t.scaler_metrics_port, {})
+    spec.role = "demand per model for the autoscaler (KEDA's external-scaler API)"
+    return spec
 
 
 def redis_user_specs(
@@ -265,6 +294,7 @@ def gateway_specs(
     """One spec per gateway replica, its upstreams the mesh's listeners (or the services themselves without it)."""
     t = layout
     pipelines = {"pipelines_dir": t.pipelines_dir} if t.pipelines_dir is not None else {}
+    scaler = {"scaler_address": t.address(t.scaler_port)} if t.scaler_port is not None else {}
     specs = []
     for g in t.gateways:
         gateway = service_spec(
@@ -279,6 +309,7 @@ def gateway_specs(
             feature_address=upstream(t, "feature"),
             cache_address=upstream(t, "cache"),
             **pipelines,
+            **scaler,
         )
         gateway.role = "pipelines as v2 models (cache, features, model)"
         gateway.depends_on = list(depends_on)
@@ -289,19 +320,22 @@ def gateway_specs(
 def recording_env(layout: StackLayout) -> dict[str, str]:
     """Retroactive tracing's settings for every service of the stack: the mode, and as peers the admin (metrics)
     address of every service process and the trace store's access log records (Envoy's part), so that a kept trace
-    is collected from all of them. Nothing in head mode."""
+    is collected from all of them. The replicas of groups that scale are listed in `peers_file` (the log dir's
+    recording-peers, which `meshserve up` rewrites as they come and go). Nothing in head mode."""
     t = layout
     if t.tracing_mode != "retroactive":
         return {}
+    scaled = {g.subset for g in t.autoscaled} if t.log_dir is not None else set()
     ports = [
-        *(r.metrics_port for r in t.replicas),
+        *(r.metrics_port for r in t.replicas if r.subset not in scaled),
         t.feature_metrics_port,
         t.cache_metrics_port,
         *(g.metrics_port for g in t.gateways),
     ]
     if t.traces_recording_port is not None:  # Envoy's access log records, kept by the trace store
         ports.append(t.traces_recording_port)
-    return RecordingSettings.env_for(mode="retroactive", peers=[t.address(p) for p in ports if p])
+    peers_file = {"peers_file": t.log_dir / RECORDING_PEERS_FILE} if scaled and t.log_dir is not None else {}
+    return RecordingSettings.env_for(mode="retroactive", peers=[t.address(p) for p in ports if p], **peers_file)
 
 
 def traces_spec(layout: StackLayout) -> ProcessSpec:
@@ -323,8 +357,11 @@ def traces_spec(layout: StackLayout) -> ProcessSpec:
 
 
 def busy_ports(layout: StackLayout, specs: list[ProcessSpec]) -> list[str]:
-    """'name: port N' for every port of the stack that something already holds."""
+    """'name: port N' for every port of the stack that something already holds (the slots of replicas an autoscaled
+    group may start later included)."""
     ports = [(s.name, p) for s in specs for p in (s.port, s.metrics_port) if p]
+    started = {s.name for s in specs}
+    ports += [(r.name, p) for r in layout.replicas if r.name not in started for p in (r.port, r.metrics_port)]
     if layout.mesh:
         ports += [(f"envoy {k}", v) for k, v in layout.listen_ports.items()]
         ports.append(("envoy ingress", layout.ingress_port))

@@ -1,4 +1,5 @@
-"""Supervisor of the local stack: start processes in dependency order, wait for health, restart, stop."""
+"""Supervisor of the local stack: start processes in dependency order, wait for health, restart, add and retire
+processes while it runs, stop."""
 
 from __future__ import annotations
 
@@ -133,8 +134,9 @@ class Managed:
     started_at: float = 0.0
     restarts: int = 0
     failures: int = 0  # consecutive crashes (reset after a stable run)
-    state: str = "new"  # new, running, serving, backoff, stopped
+    state: str = "new"  # new, running, serving, backoff, stopped, retired
     watcher: asyncio.Task[None] | None = None
+    retired: bool = False  # retire() took it out: its exit is not a crash
 
     @property
     def pid(self) -> int | None:
@@ -146,7 +148,8 @@ class Managed:
 
 
 class Supervisor:
-    """Owns the stack's processes: `start()` in dependency order, restart on crash, `stop()` in reverse order."""
+    """Owns the stack's processes: `start()` in dependency order, restart on crash, `stop()` in reverse order; while
+    it runs, `add()` starts one more process (an autoscaled replica) and `retire()` stops one for good."""
 
     def __init__(
         self,
@@ -209,6 +212,8 @@ class Supervisor:
         """Until the process is running and healthy; crashes meanwhile are restarted by its watcher."""
         deadline = time.monotonic() + timeout_s
         while not self.stopping:
+            if m.retired:
+                raise StackError(f"{m.spec.name} was retired before it became {_healthy_word(m.spec)}")
             if m.running and await self.health(m.spec):
                 m.state = "serving"
                 where = f" on {m.spec.address}" if m.spec.address else ""
@@ -220,6 +225,44 @@ class Supervisor:
                     f"last lines of {m.log_path}:\n{tail(m.log_path)}"
                 )
             await asyncio.sleep(poll_s)
+
+    async def add(self, spec: ProcessSpec) -> Managed:
+        """Start a process while the stack runs, watched like the others (restarted after a crash); returns once it
+        is spawned (`wait_healthy` says when it serves). Its dependencies must be supervised already; the name of a
+        retired process may be used again. StackError when the stack is stopping or the process cannot start."""
+        if self.stopping:
+            raise StackError(f"{spec.name}: the stack is stopping")
+        if spec.name in self.procs:
+            raise ValueError(f"{spec.name} is supervised already")
+        missing = set(spec.depends_on) - set(self.procs)
+        if missing:
+            raise ValueError(f"{spec.name} depends on unknown {sorted(missing)}")
+        m = Managed(spec, self.log_dir / f"{spec.name}.log")
+        self.procs[spec.name] = m
+        try:
+            await self._spawn(m)
+        except OSError as e:
+            del self.procs[spec.name]
+            raise StackError(f"{spec.name}: cannot start {spec.argv[0]}: {e}") from None
+        m.watcher = asyncio.create_task(self._watch(m), name=f"watch-{spec.name}")
+        return m
+
+    async def retire(self, name: str) -> None:
+        """Stop one process for good: no restart from now on, SIGTERM, wait for it to drain and exit (SIGKILL after
+        stop_timeout_s), then forget it. A process that is not supervised (retired already) is left alone."""
+        m = self.procs.get(name)
+        if m is None:
+            return
+        m.retired = True
+        if m.watcher is not None:  # waiting for an exit or a backoff: neither may restart it now
+            m.watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await m.watcher
+        await self._terminate(m)
+        m.state = "retired"
+        if self.procs.get(name) is m:
+            del self.procs[name]
+        self.notify(f"{name} retired")
 
     async def _spawn(self, m: Managed) -> None:
         env = {**os.environ, **m.spec.env}
@@ -246,7 +289,7 @@ class Supervisor:
         """Wait for the process to exit; unless stopping, restart it after the backoff delay."""
         while True:
             code: int | str = await m.process.wait() if m.process is not None else "none (it did not start)"
-            if self.stopping:
+            if self.stopping or m.retired:
                 m.state = "stopped"
                 return
             uptime = time.monotonic() - m.started_at
@@ -261,7 +304,7 @@ class Supervisor:
             )
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), delay)
-            if self.stopping:
+            if self.stopping or m.retired:
                 m.state = "stopped"
                 return
             m.restarts += 1

@@ -9,21 +9,32 @@ import json
 import re
 import signal
 import time
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
 
 from services.cli.connect import Endpoint
 from services.cli.stack.credentials import StackSecrets
-from services.cli.stack.layout import MESH_DIR, StackLayout
-from services.cli.stack.mesh import render_mesh, wait_in_rotation
-from services.cli.stack.specs import ProcessSpec, build_specs, busy_ports
+from services.cli.stack.layout import MESH_DIR, ModelReplica, StackLayout
+from services.cli.stack.mesh import prepare_mesh, wait_in_rotation
+from services.cli.stack.specs import (
+    RECORDING_PEERS_FILE,
+    ProcessSpec,
+    build_specs,
+    busy_ports,
+    model_spec,
+    tracing_env,
+)
 from services.cli.stack.state import STATE_FILE, default_log_dir
 from services.cli.stack.supervisor import BackoffPolicy, StackError, Supervisor, grpc_health
+
+if TYPE_CHECKING:
+    from services.cli.stack.autoscaler import Autoscaler
+    from services.mesh import LocalMesh
 
 
 def redact(url: str) -> str:
@@ -61,10 +72,11 @@ def write_state(
             "protocol": s.protocol,
             "health_url": s.health_url,
             "envoy_admin": s.envoy_admin,
-            "pid": sup.procs[s.name].pid,
+            "pid": sup.procs[s.name].pid if s.name in sup.procs else None,
         }
         for s in specs
     ]
+    running = {s.name for s in specs}
     secure = layout.mesh and not layout.insecure and secrets is not None
     state = {
         "redis_url": redact(redis_url),
@@ -79,6 +91,17 @@ def write_state(
         "mesh_dir": str(path.parent / MESH_DIR) if layout.mesh else None,
         "traces_ui": trace_ui_url(layout),
         "tracing_mode": layout.tracing_mode if layout.traces_port is not None else None,
+        "scaler": layout.address(layout.scaler_port) if layout.scaler_port is not None else None,
+        "groups": [
+            {
+                "subset": g.subset,
+                "model": g.model,
+                "min": g.min_replicas,
+                "max": g.max_replicas,
+                "replicas": [r.name for r in layout.slots(g.subset) if r.name in running],
+            }
+            for g in layout.groups
+        ],
         "services": services,
     }
     tmp = path.with_suffix(".tmp")
@@ -98,6 +121,8 @@ class StackRun:
     redis_url: str = ""
     specs: list[ProcessSpec] = field(default_factory=list)
     supervisor: Supervisor | None = None
+    mesh: LocalMesh | None = None
+    autoscaler: Autoscaler | None = None
 
     @property
     def state_path(self) -> Path:
@@ -107,8 +132,32 @@ class StackRun:
         self.console.print(f"[dim]{time.strftime('%H:%M:%S')}[/] {message}", highlight=False, soft_wrap=True)
 
     def save_state(self) -> None:
+        """stack.json, and the tracing peers file (the model replicas that run now)."""
         assert self.supervisor is not None
         write_state(self.state_path, self.layout, self.specs, self.redis_url, self.supervisor, self.secrets)
+        self.write_peers()
+
+    def write_peers(self) -> None:
+        """`<log_dir>/recording-peers`: the /metrics addresses of the running replicas of groups that scale, which
+        every service reads again every few seconds to collect retroactive traces from them."""
+        if not self.layout.autoscaled:
+            return
+        running = {s.name for s in self.specs}
+        scaled = {g.subset for g in self.layout.autoscaled}
+        lines = [
+            self.layout.address(r.metrics_port)
+            for r in self.layout.replicas
+            if r.subset in scaled and r.name in running
+        ]
+        path = self.log_dir / RECORDING_PEERS_FILE
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text("".join(f"{line}\n" for line in lines))
+        tmp.replace(path)
+
+    def replica_spec(self, replica: ModelReplica) -> ProcessSpec:
+        """The spec of a model replica the autoscaler adds: as the initial ones are started."""
+        depends_on = [s.name for s in self.specs if s.name == "traces"]
+        return model_spec(self.layout, replica, tracing_env(self.layout), self.secrets, depends_on)
 
     async def until_stopped(self, work: Coroutine[Any, Any, None]) -> bool:
         """Run `work` unless a signal comes first; False when it was interrupted or failed (and says why)."""
@@ -134,15 +183,19 @@ async def run_stack(
     The stack's secrets (services.cli.stack.credentials) are made in `log_dir` unless they are there already. With
     `layout.valkey_port`, Valkey runs under the supervisor with the secrets' password (`redis_url` is then ignored);
     otherwise feature and cache use `redis_url`. With `demo_s`, synthetic traffic runs for that long once the stack
-    is up, then a summary and how to call the endpoint are printed, and the stack keeps serving.
+    is up, then a summary and how to call the endpoint are printed, and the stack keeps serving. When a model group
+    autoscales, the autoscaler runs from the moment the stack is up (services.cli.stack.autoscaler); after the demo
+    a group that may sleep is shown going to zero and coming back.
 
     Raises services.mesh.MeshConfigError when `istio/` cannot be rendered for the mesh.
     """
     stop = stop_on_signals()
     log_dir.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 (once, at start-up)
     secrets = StackSecrets.ensure(log_dir, hosts=[layout.host])
-    envoy_command = render_mesh(layout, log_dir / MESH_DIR, secrets) if layout.mesh else None
-    run = StackRun(layout, log_dir, console, secrets, stop)
+    mesh = prepare_mesh(layout, log_dir / MESH_DIR, secrets) if layout.mesh else None
+    envoy_command = mesh.envoy.command if mesh is not None else None
+    run = StackRun(layout, log_dir, console, secrets, stop, mesh=mesh)
+    scaling: asyncio.Task[None] | None = None
     try:
         run.redis_url = stack_redis_url(layout, secrets, redis_url)
         run.specs = build_specs(layout, run.redis_url, envoy_command, secrets)
@@ -157,18 +210,45 @@ async def run_stack(
         if endpoint is None:
             return run.exit_code()
         run.save_state()
+        scaling = start_autoscaler(run, start_timeout_s)
         announce(run, endpoint, example=demo_s <= 0)
         if demo_s > 0:
             ca = secrets.ca_cert if endpoint.tls else None
-            await run.until_stopped(run_demo_and_explain(endpoint, demo_s, console, ca, _custom_log_dir(log_dir)))
+            sleep = (lambda: show_scale_to_zero(run, endpoint)) if run.autoscaler is not None else None
+            await run.until_stopped(
+                run_demo_and_explain(endpoint, demo_s, console, ca, _custom_log_dir(log_dir), then=sleep)
+            )
         await stop.wait()
         return 0
     finally:
         console.print("stopping the stack ...")
+        if scaling is not None:
+            scaling.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await scaling
         if run.supervisor is not None:
             await run.supervisor.stop()
         run.state_path.unlink(missing_ok=True)
         console.print("stopped")
+
+
+def start_autoscaler(run: StackRun, start_timeout_s: float) -> asyncio.Task[None] | None:
+    """The autoscaler of the groups that scale, as a task (None when none does): a client of the stack's scaler,
+    adding and retiring replicas through the supervisor and the mesh's endpoints."""
+    from services.cli.stack.autoscaler import Autoscaler, StackReplicas
+
+    layout = run.layout
+    if not layout.autoscaled or run.mesh is None or layout.scaler_port is None:
+        return None
+    control = StackReplicas(run, run.mesh, start_timeout_s)
+    run.autoscaler = Autoscaler(layout, control, layout.address(layout.scaler_port), run.log_dir, run.notify)
+    for g in layout.autoscaled:
+        run.notify(
+            f"autoscaling {g.subset}: {g.min_replicas}..{g.max_replicas} replicas on {g.model}'s demand, "
+            f"{g.target_per_replica:g} per replica, down after {g.scale_down_window_s:g} s "
+            f"(decisions in {run.log_dir / 'autoscale.json'})"
+        )
+    return asyncio.create_task(run.autoscaler.run(), name="autoscaler")
 
 
 def stop_on_signals() -> asyncio.Event:
@@ -285,9 +365,15 @@ async def _until_stopped(work: Coroutine[Any, Any, None], stop: asyncio.Event, c
 
 
 async def run_demo_and_explain(
-    endpoint: Endpoint, seconds: float, console: Console, ca: Path | None = None, log_dir: Path | None = None
+    endpoint: Endpoint,
+    seconds: float,
+    console: Console,
+    ca: Path | None = None,
+    log_dir: Path | None = None,
+    then: Callable[[], Awaitable[None]] | None = None,
 ) -> None:
-    """The demo's live view for `seconds`, its summary, then how to call the endpoint; keeps serving after."""
+    """The demo's live view for `seconds`, its summary, `then` (the scale-to-zero show), then how to call the
+    endpoint; keeps serving after."""
     from services.cli.demo import render, run_demo
     from services.cli.howto import how_to_call
 
@@ -301,9 +387,22 @@ async def run_demo_and_explain(
         f"errors {sum(summary.errors.values())}",
         highlight=False,
     )
+    if then is not None:
+        await then()
     console.rule()
     console.print(how_to_call(endpoint.address, ca, log_dir), highlight=False, markup=False, soft_wrap=True)
     console.print(f"[green]still serving at {endpoint.address}[/]; Ctrl-C stops everything", highlight=False)
+
+
+async def show_scale_to_zero(run: StackRun, endpoint: Endpoint) -> None:
+    """After the demo: a group that may sleep (the canary when there is one) going to zero once its window passes
+    without demand, then coming back on a few requests (services.cli.demo.scale_to_zero_demo)."""
+    from services.cli.demo import scale_to_zero_demo
+
+    sleepers = [g for g in run.layout.autoscaled if g.min_replicas == 0]
+    if run.autoscaler is None or not sleepers:
+        return
+    await scale_to_zero_demo(run.autoscaler, sleepers[-1], endpoint, run.console)
 
 
 def trace_ui_url(layout: StackLayout) -> str | None:

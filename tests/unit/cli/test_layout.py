@@ -110,8 +110,9 @@ def test_free_port_layouts_never_repeat_a_port(tmp_path: Path, monkeypatch: pyte
         t.traces_recording_port,
         *t.listen_ports.values(),
         *(p for r in t.replicas for p in (r.port, r.metrics_port)),
+        *(t.scaler_port, t.scaler_metrics_port),  # the demo's canary scales
     ]
-    assert len(ports) == len(set(ports)) == 21
+    assert len(ports) == len(set(ports)) == 23
     assert sorted(port for _, port in t.ports()) == sorted(ports)  # what the clash check looks at
 
 
@@ -222,3 +223,66 @@ def test_the_secure_ingress_gets_the_certificate_and_the_jwks_the_insecure_one_n
         mesh_topology(StackLayout.local(8000, models_dir=tmp_path, mesh=True))
     insecure = mesh_topology(StackLayout.local(8000, models_dir=tmp_path, mesh=True, insecure=True))
     assert not insecure.authenticate and insecure.ingress_tls is None and insecure.jwks == {}
+
+
+def test_the_demo_layout_keeps_its_ports_and_adds_the_scaler(tmp_path: Path) -> None:
+    t = StackLayout.local(8000, models_dir=tmp_path, mesh=True)
+    assert [(r.name, r.port, r.metrics_port, r.initial) for r in t.replicas] == [
+        ("model-v1-a", 8001, 9001, True),
+        ("model-v1-b", 8011, 9011, True),
+        ("model-v2", 8021, 9021, True),
+    ]
+    assert (t.scaler_port, t.scaler_metrics_port) == (8005, 9005)
+    specs = {s.name: s for s in build_specs(t, "redis://x:1", envoy_command=["envoy"])}
+    assert specs["scaler"].argv[1:] == ["-m", "services.scaler"] and specs["scaler"].port == 8005
+    assert specs["scaler"].env["MESHSERVE_SCALER_PORT"] == "8005"
+    assert specs["gateway"].env["MESHSERVE_GATEWAY_SCALER_ADDRESS"] == "127.0.0.1:8005"
+    assert "scaler" in specs["gateway"].depends_on
+    fixed = StackLayout.local(8000, models_dir=tmp_path, topology=StackTopology.demo().with_counts(canary=False))
+    assert fixed.scaler_port is None and fixed.autoscaled == []
+    gateway = {s.name: s for s in build_specs(fixed, "redis://x:1")}["gateway"]
+    assert "MESHSERVE_GATEWAY_SCALER_ADDRESS" not in gateway.env and "scaler" not in gateway.depends_on
+
+
+def test_a_group_has_a_slot_for_every_replica_it_may_run(tmp_path: Path) -> None:
+    topology = tmp_path / "stack.yaml"
+    topology.write_text(
+        "stable: {subset: v1, replicas: 1, min_replicas: 1, max_replicas: 3, pinned_versions: {fraud_mlp: [1]}}\n"
+        "canary: {subset: v2, replicas: 0, min_replicas: 0, max_replicas: 2, pinned_versions: {fraud_mlp: [2]}}\n"
+    )
+    t = StackLayout.local(8000, models_dir=tmp_path, mesh=True, topology=StackTopology.load(topology))
+    assert [(r.name, r.port, r.metrics_port, r.slot, r.initial) for r in t.replicas] == [
+        ("model-v1-a", 8001, 9001, 0, True),
+        ("model-v1-b", 8011, 9011, 1, False),
+        ("model-v1-c", 8021, 9021, 2, False),
+        ("model-v2-a", 8031, 9031, 0, False),
+        ("model-v2-b", 8041, 9041, 1, False),
+    ]
+    assert [r.name for r in t.initial_replicas] == ["model-v1-a"] and [r.name for r in t.slots("v2")] == [
+        "model-v2-a",
+        "model-v2-b",
+    ]
+    specs = build_specs(t, "redis://x:1", envoy_command=["envoy"])
+    assert [s.name for s in specs if s.name.startswith("model")] == ["model-v1-a"]
+    assert all(s.env["MESHSERVE_MODEL_TORCH_THREADS"] == "1" for s in specs if s.name.startswith("model"))
+    assert ("model-v2-b", 8041) in t.ports()  # the clash check covers the slots not started
+
+
+def test_the_mesh_model_service_is_dynamic_when_a_group_scales(tmp_path: Path) -> None:
+    secrets = StackSecrets.ensure(tmp_path / "logs")
+    elastic = StackLayout.local(8000, models_dir=tmp_path, mesh=True, topology=StackTopology.elastic())
+    mesh = mesh_topology(elastic, secrets)
+    assert mesh.services["model"].dynamic and mesh.services["model"].replicas == []  # starts at zero
+    assert not mesh.services["gateway"].dynamic and not mesh.services["feature"].dynamic
+    fixed = StackLayout.local(8000, models_dir=tmp_path, mesh=True, topology=StackTopology.demo().with_counts(2, False))
+    assert not mesh_topology(fixed, secrets).services["model"].dynamic
+
+
+def test_busy_ports_include_the_slots_a_group_may_start_later(tmp_path: Path) -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        port = holder.getsockname()[1]
+        t = StackLayout.local(port - 21, models_dir=tmp_path, mesh=True, topology=StackTopology.elastic())
+        assert not t.replicas[2].initial and t.replicas[2].port == port
+        busy = busy_ports(t, build_specs(t, "redis://x:1", envoy_command=["envoy"]))
+        assert f"model-v1-c: port {port}" in busy
