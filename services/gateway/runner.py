@@ -163,7 +163,7 @@ class PipelineRunner:
 
     async def run(self, inputs: Mapping[str, np.ndarray], rows: int, deadline: Deadline, headers: Headers) -> Answer:
         """The answer to one request (inputs checked against the pipeline); identical concurrent requests share
-        one computation."""
+        one computation, cancelled when every one of them is."""
         flight_key = request_digest({name: inputs[name] for name in self.key_inputs})
         near = self._near_hit(flight_key)
         if near is not None:  # answered from the gateway's own memory: no task, no flight

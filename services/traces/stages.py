@@ -21,6 +21,8 @@ deliberately not folded into `gateway.features`: a member's `gateway.features` i
 to its hop (waiting for a batch to form behind the one in flight, taking its rows out of the answer), which a lone
 request should not pay, and `gateway.features.batch` is the gateway's side of the shared call (building the batched
 request, the gRPC client, outside Envoy's span), which every member is attributed (`services.traces.analysis`).
+Likewise the gateway's `park` span (a request waiting for a model with no serving replica, a child of its `model`
+span) is the stage `gateway.park`, so time spent waiting for a cold start is never read as the model's.
 """
 
 from __future__ import annotations
