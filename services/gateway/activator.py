@@ -14,6 +14,7 @@ within one overall wait. A parked request does not hold its admission slot (it u
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -206,8 +207,8 @@ class Activator:
         self._per_model[target.model] = self.parked(target.model) + 1
         metrics.PARKED.labels(target.model).set(self._per_model[target.model])
         self.demand.park(*key)
-        if state.prober is None:
-            state.prober = asyncio.create_task(self._probe(state))
+        if state.prober is None:  # in a context of its own: not the first request's span, nor its permit
+            state.prober = asyncio.create_task(self._probe(state), context=contextvars.Context())
         return state
 
     def _leave(self, target: Target, state: _Key) -> None:
