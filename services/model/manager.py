@@ -133,6 +133,14 @@ class ModelManager:
             return None
         return NotFound(f"model {quoted(name)} is in the repository, but {self.not_served_reason()}")
 
+    def _require_loadable(self, name: str) -> None:
+        """NotFound unless this replica serves `name` and knows it (an entry, or a folder in the repository)."""
+        not_served = self._not_served(name)
+        if not_served is not None:
+            raise not_served
+        if name not in self.models and not self.repository.has_model(name):
+            raise not_in_repository(name)
+
     def _unknown(self, name: str) -> NotFound:
         """NOT_FOUND for a model this replica has no entry for: not served here, or not known at all."""
         return self._not_served(name) or NotFound(f"unknown model {quoted(name)}; RepositoryIndex lists the models")
@@ -193,11 +201,7 @@ class ModelManager:
         """(Re)load a model: new or changed versions load and warm up, then switch in atomically; versions
         that left the policy drain and unload. A broken version never replaces the working ones. A model this
         replica does not serve is NotFound, its config never read."""
-        not_served = self._not_served(name)
-        if not_served is not None:
-            raise not_served
-        if name not in self.models and not self.repository.has_model(name):
-            raise not_in_repository(name)
+        self._require_loadable(name)
         entry = self.models.setdefault(name, ModelEntry(name))
         async with entry.lock:
             try:
