@@ -148,6 +148,7 @@ class Window:
     Args:
         groups: pid -> group of the processes to count, from the snapshot taken at the window's end (so that a
             process started during the window, a Ray worker say, is counted with all of its CPU).
+        proc: where the processes are read (/proc).
 
     Example:
         window = Window(lambda stats: {pid: "ray" for pid in tree(root, stats)})
@@ -156,13 +157,14 @@ class Window:
         seconds = window.stop()  # {"ray": 1.73, "total": 1.73}
     """
 
-    def __init__(self, groups: Callable[[Mapping[int, ProcStat]], Mapping[int, str]]) -> None:
+    def __init__(self, groups: Callable[[Mapping[int, ProcStat]], Mapping[int, str]], proc: Path = PROC) -> None:
         self.groups = groups
+        self.proc = proc
         self.before: dict[int, ProcStat] = {}
 
     def start(self) -> None:
-        self.before = snapshot()
+        self.before = snapshot(self.proc)
 
     def stop(self) -> dict[str, float]:
-        after = snapshot()
+        after = snapshot(self.proc)
         return group_seconds(spent(self.before, after), self.groups(after))

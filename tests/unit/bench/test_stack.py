@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from bench import stack
+from bench.lib import cpu, results
 from bench.lib.local_stack import up_command
 from bench.lib.perf_analyzer import PerfResult
 from services.traces.analysis import assemble
@@ -140,3 +141,169 @@ def test_hop_legs_split_each_call_through_the_mesh_into_its_legs() -> None:
     assert rows["feature Compute"][1] == 1
     assert rows["feature Compute"][-1] == pytest.approx(1.5)  # the four legs outside the callee
     assert rows["gateway ModelInfer"][2] is None and rows["gateway ModelInfer"][-1] == pytest.approx(0.9)
+
+
+# ----------------------------------------------------------------------------- the CPU table
+
+STATE = {
+    "admin": None,
+    "services": [
+        {"name": "traces", "pid": 10},
+        {"name": "valkey", "pid": 11},
+        {"name": "model-v1-a", "pid": 12},
+        {"name": "model-v1-b", "pid": 13},
+        {"name": "model-v2", "pid": 14},
+        {"name": "feature", "pid": 15},
+        {"name": "cache", "pid": 16},
+        {"name": "envoy", "pid": 17},
+        {"name": "gateway-a", "pid": 18},
+        {"name": "gateway-b", "pid": 19},
+        {"name": "scaler", "pid": 20},
+        {"name": "gone", "pid": None},
+    ],
+}
+
+
+def test_stack_json_processes_go_to_their_columns_replicas_together() -> None:
+    assert stack.stack_processes(STATE) == {
+        10: "trace store",
+        11: "Valkey",
+        12: "model",
+        13: "model",
+        14: "model",
+        15: "feature",
+        16: "cache",
+        17: "Envoy",
+        18: "gateway",
+        19: "gateway",
+        20: "other",  # a service none of the named columns is still counts in the total
+    }
+    assert stack.process_column("gateway") == "gateway"
+    assert stack.process_column("modeler") == "other"  # a prefix only with its dash
+
+
+def test_cpu_per_request_sums_replicas_over_the_answers_the_ingress_counted() -> None:
+    before = {pid: cpu.ProcStat(pid, "p", 1, 1, 1000, pid) for pid in range(10, 21)}
+    # over the run: 1 s of CPU per model replica, 0.5 s per gateway, 0.1 s everywhere else (100 ticks a second)
+    used = {12: 100, 13: 100, 14: 100, 18: 50, 19: 50}
+    after = {pid: cpu.ProcStat(pid, "p", 1, 1, 1000 + used.get(pid, 10), pid) for pid in range(10, 21)}
+    seconds = cpu.group_seconds(cpu.spent(before, after, ticks_per_s=100), stack.stack_processes(STATE))
+
+    cell = stack.CpuCell(stack.ALL_MISS, 8, perf(250.0, 30.0, concurrency=8), answers=1000, seconds=seconds)
+
+    ms = cell.per_request_ms
+    assert ms is not None
+    assert ms["model"] == pytest.approx(3.0) and ms["gateway"] == pytest.approx(1.0)
+    assert ms["Envoy"] == pytest.approx(0.1) and ms["other"] == pytest.approx(0.1)
+    assert ms[cpu.TOTAL] == pytest.approx(3.0 + 1.0 + 6 * 0.1)
+
+
+STABLE = perf(125.0, 7.6)
+
+
+def cpu_cell(
+    traffic: str,
+    c: int,
+    total_s: float,
+    answers: int = 1000,
+    run: PerfResult | None = STABLE,
+    elapsed_s: float = 0.0,
+    hits: float | None = None,
+) -> stack.CpuCell:
+    """A cell whose processes spent `total_s` of CPU over `answers`: 40% gateway, 20% Envoy, 40% model."""
+    seconds = {"gateway": 0.4 * total_s, "Envoy": 0.2 * total_s, "model": 0.4 * total_s, cpu.TOTAL: total_s}
+    return stack.CpuCell(traffic, c, run, answers, seconds, elapsed_s, hits)
+
+
+def test_cpu_rows_show_each_process_per_request_and_the_price_of_a_million() -> None:
+    cells = [cpu_cell(stack.ALL_MISS, 1, 9.4, hits=0.0), cpu_cell(stack.ZIPF, 1, 3.6, hits=0.925)]
+
+    rows = stack.cpu_rows(cells, usd_per_vcpu_hour=0.05)
+
+    assert stack.CPU_HEADERS[:5] == ["traffic", "c", "req/s", "p50 ms", "hits"]
+    assert stack.CPU_HEADERS[5:] == [*stack.PROCESSES, "total", "$ per 1M"]
+    by_column = dict(zip(stack.CPU_HEADERS, rows[0], strict=True))
+    assert by_column["req/s"] == 125.0 and by_column["p50 ms"] == pytest.approx(7.6)
+    assert by_column["gateway"] == pytest.approx(3.76) and by_column["total"] == pytest.approx(9.4)
+    assert by_column["cache"] is None  # no process of that column in this cell
+    assert by_column["$ per 1M"] == f"{9.4 / 3.6 * 0.05:.3f}"
+    assert rows[1][4] == "92%" and rows[1][-1] == "0.050"  # 3.6 ms a request: a million is one vCPU-hour
+    table = results.format_table(stack.CPU_HEADERS, rows)
+    assert "trace store" in table and "9.40" in table and "0.131" in table
+
+
+def test_a_run_without_a_stable_measurement_keeps_its_cpu_and_a_run_without_answers_shows_none() -> None:
+    unstable = cpu_cell(stack.ALL_MISS, 32, 2.0, answers=400, run=None, elapsed_s=2.0)
+    failed = cpu_cell(stack.ZIPF, 32, 0.5, answers=0, run=None, elapsed_s=2.0)
+
+    rows = stack.cpu_rows([unstable, failed], usd_per_vcpu_hour=0.05)
+
+    assert rows[0][2:4] == ["~200", "unstable"] and rows[0][-2] == pytest.approx(5.0)
+    assert rows[1] == [stack.ZIPF, 32, *([None] * (len(stack.CPU_HEADERS) - 2))]
+
+
+def test_cpu_figures_name_traffic_concurrency_and_process() -> None:
+    cells = [cpu_cell(stack.ALL_MISS, 1, 9.4), cpu_cell(stack.ZIPF, 32, 3.6), cpu_cell(stack.ZIPF, 8, 1.0, answers=0)]
+
+    figures = {f["name"]: f for f in stack.cpu_figures(cells, 0.05, "python -m bench.stack")}
+
+    assert figures["stack.cpu.all_miss.c1.total_ms"]["value"] == 9.4
+    assert figures["stack.cpu.all_miss.c1.gateway_ms"]["value"] == pytest.approx(3.76)
+    assert figures["stack.cpu.zipf.c32.usd_per_million"]["value"] == pytest.approx(0.05)
+    assert "$0.05 per vCPU-hour" in figures["stack.cpu.zipf.c32.usd_per_million"]["compared_with"]
+    assert "stack.cpu.all_miss.c1.cache_ms" not in figures
+    assert not any(name.startswith("stack.cpu.zipf.c8") for name in figures)  # no answers, no figure
+
+
+def test_the_zipf_file_repeats_transactions_that_no_all_miss_file_holds(tmp_path: Path) -> None:
+    files = stack.InputFiles(tmp_path, n=300, t0=1_700_000_000)
+    miss = json.loads(files.next().read_text())["data"]
+
+    zipf = files.zipf(pool=200, n=1000)
+
+    assert zipf.next() == zipf.next()  # every run of the Zipf cells reads the one file
+    entries = json.loads(zipf.next().read_text())["data"]
+    users = [entry["user_id"][0] for entry in entries]
+    assert len(users) == 1000 and 20 < len(set(users)) <= 200
+    top = max(set(users), key=users.count)
+    assert users.count(top) > 1000 / 200 * 5  # Zipf: the most popular far above a uniform draw's share
+    assert not set(users) & {entry["user_id"][0] for entry in miss}
+    assert not set(users) & {entry["user_id"][0] for entry in json.loads(files.next().read_text())["data"]}
+
+
+def test_without_the_mesh_the_gateways_answers_are_the_count() -> None:
+    assert stack.ingress_answers({"admin": None}, {"hit": 30.0, "miss": 70.0}) == 100
+
+
+def test_the_ray_serve_peer_recorded_cost_is_priced_at_this_runs_price() -> None:
+    recorded = {
+        "pipeline_peers.meshserve.c8.cpu_ms": {"value": 3.6, "time": "2026-12-05T10:00:00+00:00"},
+        "pipeline_peers.ray.c8.cpu_ms": {"value": 7.2, "time": "2026-12-05T10:00:00+00:00"},
+        "pipeline_peers.ray.c32.cpu_ms": {"value": 5.4, "time": "2026-12-05T10:00:00+00:00"},
+        "pipeline_peers.ray.c32.throughput": {"value": 400.0},
+        "stack.cpu.all_miss.c1.total_ms": {"value": 9.4},
+    }
+
+    rows = stack.peer_rows(recorded, usd_per_vcpu_hour=0.1)
+
+    assert rows == [
+        [8, 3.6, "0.100", 7.2, "0.200", "2026-12-05T10:00:00+00:00"],
+        [32, None, None, 5.4, "0.150", "2026-12-05T10:00:00+00:00"],
+    ]
+
+
+def test_report_prints_the_cpu_table_after_the_targets(capsys: pytest.CaptureFixture[str]) -> None:
+    stack_r, floor_r = {1: perf(100.0, 10.0)}, {1: perf(2000.0, 0.5)}
+
+    code = stack.report(stack_r, floor_r, [], "python -m bench.stack", True, 0.0, [cpu_cell(stack.ALL_MISS, 1, 9.4)])
+
+    out = capsys.readouterr().out
+    assert code == 0
+    assert out.index("targets") < out.index("CPU ms per request") and "$0.0504 per vCPU-hour" in out
+    assert "recorded in" not in out  # --no-record
+
+
+def test_report_without_cpu_cells_prints_what_it_printed_before(capsys: pytest.CaptureFixture[str]) -> None:
+    stack.report({1: perf(100.0, 10.0)}, {1: perf(2000.0, 0.5)}, [], "python -m bench.stack", True, 0.0)
+
+    assert "CPU ms per request" not in capsys.readouterr().out

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bench.lib import cpu
 from bench.lib.fraud_load import Run, transaction_values
 from bench.peers import pipeline as pp
 from services.feature.featureset import load_feature_sets
@@ -217,3 +218,71 @@ def test_report_records_each_cell_the_ratios_and_the_targets(capsys) -> None:
     assert all(f["command"] == "python -m bench.peers.pipeline" for f in figures.values())
     out = capsys.readouterr().out
     assert "PASS" in out and "mesh/ray" in out
+
+
+# ----------------------------------------------------------------------------- CPU per request
+
+
+@pytest.mark.parametrize(
+    ("command", "comm", "group"),
+    [
+        ("/x/ray/core/src/ray/raylet/raylet --raylet_socket_name=/tmp/s", "raylet", "raylet"),
+        ("/x/ray/core/src/ray/gcs/gcs_server --gcs_server_port=0", "gcs_server", "GCS"),
+        ("ray::ServeReplica:default:Ingress", "ray::ServeRepli", "Ingress"),
+        ("ray::ServeReplica:default:Features.handle_request", "ray::ServeRepli", "Features"),
+        ("ray::ServeController", "ray::ServeContr", "other workers"),
+        ("ray::IDLE", "ray::IDLE", "other workers"),
+        ("/x/bin/python -m bench.peers.ray_peer --grpc-port 1", "python", "other"),
+        ("/x/bin/python /x/ray/dashboard/agent.py --node-ip-address=127.0.0.1", "python", "other"),
+    ],
+)
+def test_each_ray_process_is_grouped_by_what_it_runs(command: str, comm: str, group: str) -> None:
+    assert pp.ray_group(command, comm) == group
+
+
+def test_ray_processes_are_the_driver_and_everything_below_it() -> None:
+    base = 90_000_000  # above any pid_max: no process here has a command line to read
+    stats = {
+        s.pid: s
+        for s in (
+            cpu.ProcStat(base, "python", 1, base, 0, 0),
+            cpu.ProcStat(base + 1, "raylet", base, base, 0, 0),
+            cpu.ProcStat(base + 2, "gcs_server", base, base, 0, 0),
+            cpu.ProcStat(base + 3, "python", base + 1, base, 0, 0),
+            cpu.ProcStat(base + 9, "valkey-server", 1, 1, 0, 0),
+        )
+    }
+
+    assert pp.ray_processes(base, stats) == {base: "other", base + 1: "raylet", base + 2: "GCS", base + 3: "other"}
+
+
+def test_cpu_rows_price_each_stack_per_request_and_ratio_ray_over_meshserve() -> None:
+    results = {(pp.MESHSERVE, 8): run(1000, 2.0, 5.0), (pp.RAY, 8): run(500, 2.0, 10.0)}
+    spent = {
+        (pp.MESHSERVE, 8): {"gateway": 1.8, "Valkey": 0.2, cpu.TOTAL: 2.0},  # 2 ms per request
+        (pp.RAY, 8): {"Ingress": 2.0, "raylet": 1.6, "Valkey": 0.1, cpu.TOTAL: 3.7},  # 7.4 ms per request
+    }
+
+    rows = pp.cpu_rows(results, spent, [8, 32], usd_per_vcpu_hour=0.036)
+
+    assert rows[0] == [8, pytest.approx(2.0), "0.020", pytest.approx(7.4), "0.074", pytest.approx(3.7)]
+    assert rows[1] == [32, None, None, None, None, None]
+    assert pp.breakdown_rows(results, spent, [8]) == [
+        [pp.MESHSERVE, 8, "gateway 1.80, Valkey 0.20"],
+        [pp.RAY, 8, "Ingress 4.00, raylet 3.20, Valkey 0.20"],
+    ]
+
+
+def test_report_with_cpu_records_each_stacks_cpu_and_cost(capsys) -> None:
+    results = {(pp.MESHSERVE, 32): run(1000, 2.0, 20.0), (pp.RAY, 32): run(400, 2.0, 80.0)}
+    spent = {(pp.MESHSERVE, 32): {cpu.TOTAL: 3.6}, (pp.RAY, 32): {cpu.TOTAL: 4.0}, (pp.RAY, 1): {cpu.TOTAL: 1.0}}
+
+    figures = {f["name"]: f for f in pp.report(results, [1, 32], "cmd", 2.0, spent, usd_per_vcpu_hour=0.05)}
+
+    assert figures["pipeline_peers.meshserve.c32.cpu_ms"]["value"] == 3.6
+    assert figures["pipeline_peers.ray.c32.cpu_ms"]["value"] == 10.0
+    assert figures["pipeline_peers.meshserve.c32.usd_per_million"]["value"] == 0.05
+    assert "pipeline_peers.ray.c1.cpu_ms" not in figures  # no run to count its answers
+    out = capsys.readouterr().out
+    assert "CPU per answered request" in out and "$0.05 per vCPU-hour" in out
+    assert "cpu_ms" not in " ".join(f["name"] for f in pp.report(results, [32], "cmd", 2.0))  # without readings
