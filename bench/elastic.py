@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
+import json
 import os
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +45,7 @@ POLL_S = 0.2
 PARKED_METRIC = "meshserve_gateway_parked_seconds"
 
 
-@dataclass
+@dataclasses.dataclass
 class Schedule:
     """The load of each phase and how long each lasts (every field a flag)."""
 
@@ -148,12 +149,16 @@ class Driver:
         if burst:
             self.load.burst(burst)
         await asyncio.sleep(seconds)
-        p = Phase(name, start, self.load.now_s(), rate, burst, from_zero, compared)
+        return self.note(Phase(name, start, self.load.now_s(), rate, burst, from_zero, compared))
+
+    def note(self, p: Phase) -> Phase:
+        """Keep a phase that ended and say so."""
         self.result.phases.append(p)
-        sent = sum(1 for x in self.load.samples if start <= x.sent_s)
+        back = sum(1 for x in self.load.samples if p.start_s <= x.sent_s < p.end_s)
+        alive = len(self.result.snapshots[-1].procs) if self.result.snapshots else "-"
         print(
-            f"  {self.result.kind:<7} {name:<12} {p.end_s - p.start_s:5.1f} s  {p.load:>11}  back so far {sent:5}  "
-            f"model processes {len(self.result.snapshots[-1].procs) if self.result.snapshots else '-'}",
+            f"  {self.result.kind:<7} {p.name:<12} {p.end_s - p.start_s:5.1f} s  {p.load:>11}  back so far {back:5}  "
+            f"model processes {alive}",
             flush=True,
         )
         return p
@@ -167,15 +172,12 @@ class Driver:
         start = self.load.now_s()
         reached = await self.until_zero(self.s.idle_most_s)
         zero_at = self.load.now_s()
-        hold = self.s.zero_hold_s if reached else 0.0
-        p = await self.phase("idle", zero_at - start + hold)
-        p = Phase(p.name, start, p.end_s)
-        self.result.phases[-1] = p
         if reached:
-            self.result.at_zero.append((zero_at, p.end_s))
+            await asyncio.sleep(self.s.zero_hold_s)
+            self.result.at_zero.append((zero_at, self.load.now_s()))
         else:
             print(f"  elastic did not reach zero within {self.s.idle_most_s:g} s")
-        return p
+        return self.note(Phase("idle", start, self.load.now_s()))
 
 
 async def schedule_phases(d: Driver, lengths: dict[str, float] | None) -> None:
@@ -200,7 +202,7 @@ async def schedule_phases(d: Driver, lengths: dict[str, float] | None) -> None:
     for i in range(s.cold_rounds):
         start = d.load.now_s()
         reached = await d.until_zero(s.idle_most_s)
-        d.result.phases.append(Phase(f"to zero {i + 1}", start, d.load.now_s(), compared=False))
+        d.note(Phase(f"to zero {i + 1}", start, d.load.now_s(), compared=False))
         if not reached:
             print("  elastic did not reach zero: no more rounds from zero")
             return
@@ -235,7 +237,7 @@ async def drive(
 # ----------------------------------------------------------------------------- the stacks
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Group:
     """What the benchmark reads from a topology file: the stable group's subset, start count and scaled model."""
 
@@ -303,7 +305,29 @@ def run_stack(
         result.parked = parked(stack)
     result.decisions = read_decisions(log_dir, origin_wall, group.subset)
     result.cold_starts = read_cold_starts(log_dir, origin_wall, group.model)
+    if args.log_dir:
+        print(f"  raw figures in {save_raw(result, log_dir / f'bench-{kind}.json')}")
     return result
+
+
+def save_raw(result: StackResult, path: Path) -> Path:
+    """Everything a stack's run measured, as JSON (for a look after the run: `--log-dir` keeps it)."""
+    raw = {
+        "kind": result.kind,
+        "origin_wall": result.origin_wall,
+        "phases": [dataclasses.asdict(p) for p in result.phases],
+        "at_zero": result.at_zero,
+        "samples": [[x.sent_s, x.latency_s, x.kind, x.reason] for x in result.samples],
+        "probes": [dataclasses.asdict(p) for p in result.probes],
+        "snapshots": [
+            [x.t_s, x.reaped_cpu_s, [[p.pid, p.cpu_s, p.rss_bytes] for p in x.procs]] for x in result.snapshots
+        ],
+        "decisions": [dataclasses.asdict(d) for d in result.decisions],
+        "cold_starts": [dataclasses.asdict(c) for c in result.cold_starts],
+        "parked": result.parked,
+    }
+    path.write_text(json.dumps(raw))
+    return path
 
 
 # ----------------------------------------------------------------------------- the command

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.chaos.phases import Sample, percentile
-from bench.lib import results
+from bench.lib import cpu, results
 from bench.lib.elastic_targets import Measured, Probe, Target, rows, targets
 from bench.lib.load_phases import Phase, PhaseFigures, account_all, failed_text, p99_of, up_steps
 from bench.lib.replica_usage import Snapshot, cpu_seconds, memory_gib_seconds, most_alive, process_seconds
@@ -18,11 +18,14 @@ from bench.lib.scaling import ColdStart, Decision, per_second, reaction_s, repli
 
 PREFIX = "elastic"
 ELASTIC, FIXED = "elastic", "fixed"
-# The price of one replica-hour: one model replica per instance, AWS EC2 On-Demand, Linux, us-east-1, m7i.large
-# (2 vCPU, 8 GiB), https://aws.amazon.com/ec2/pricing/on-demand/ (as bench/lib/cpu.py's vCPU price, which is half of
-# it). Pass --price-per-hour for another instance, region or date.
-USD_PER_INSTANCE_HOUR = 0.1008
-PRICE_SOURCE = "AWS EC2 on-demand m7i.large, Linux, us-east-1: $0.1008/h, one replica per instance"
+# The price of one replica-hour: one model replica per instance, an m7i.large (2 vCPUs, 8 GiB), at bench.lib.cpu's
+# price of a vCPU-hour (AWS EC2 On-Demand, Linux, us-east-1; its source is cited there). Pass --price-per-hour for
+# another instance, region or date.
+VCPUS_PER_INSTANCE = 2
+USD_PER_INSTANCE_HOUR = VCPUS_PER_INSTANCE * cpu.USD_PER_VCPU_HOUR
+PRICE_SOURCE = (
+    f"AWS EC2 on-demand m7i.large, Linux, us-east-1: ${USD_PER_INSTANCE_HOUR:.4f}/h, one replica per instance"
+)
 
 
 @dataclass
@@ -201,7 +204,7 @@ def phase_rows(stack: StackResult) -> list[list[Any]]:
                 f.sent,
                 f.answered,
                 f.degraded,
-                failed_text(f.failed),
+                failed_text(f.failed, f.failed_after_s),
                 f.lost,
                 ms(f.p50_s),
                 ms(f.p99_s),

@@ -5,10 +5,11 @@ they were sent in."""
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from bench.chaos.outcomes import OK_KINDS
+from bench.chaos.outcomes import FAILED, OK_KINDS, REFUSED
 from bench.chaos.phases import Sample, between, count, percentile
 
 
@@ -52,6 +53,7 @@ class PhaseFigures:
     answered: int = 0
     degraded: int = 0  # of the answered: with a `degraded` parameter (a fallback, not the model's score)
     failed: dict[str, int] = field(default_factory=dict)  # by gRPC code, refusals included
+    failed_after_s: dict[str, float] = field(default_factory=dict)  # by code: the median time to the failure
     lost: int = 0  # no answer by the deadline
     p50_s: float | None = None
     p99_s: float | None = None
@@ -78,11 +80,16 @@ def account(phase: Phase, samples: Sequence[Sample]) -> PhaseFigures:
     for by in (f.refused, f.failed):
         for code, n in by.items():
             failed[code] = failed.get(code, 0) + n
+    after: dict[str, list[float]] = {}
+    for s in mine:
+        if s.kind in (REFUSED, FAILED):
+            after.setdefault(s.reason, []).append(s.latency_s)
     return PhaseFigures(
         sent=f.sent,
         answered=f.whole + sum(f.degraded.values()),
         degraded=sum(f.degraded.values()),
         failed=failed,
+        failed_after_s={code: statistics.median(times) for code, times in after.items()},
         lost=f.lost,
         p50_s=f.p50_s,
         p99_s=f.p99_s,
@@ -116,6 +123,11 @@ def up_steps(phases: Sequence[Phase]) -> list[tuple[Phase, float]]:
     return out
 
 
-def failed_text(failed: dict[str, int]) -> str:
-    """`UNAVAILABLE 3, INTERNAL 1` (largest first), `-` for none."""
-    return ", ".join(f"{code} {n}" for code, n in sorted(failed.items(), key=lambda kv: (-kv[1], kv[0]))) or "-"
+def failed_text(failed: dict[str, int], after_s: dict[str, float] | None = None) -> str:
+    """`UNAVAILABLE 3, INTERNAL 1` (largest first), each with its median time to fail when `after_s` has it
+    (`UNAVAILABLE 3 after 0.02 s`); `-` for none."""
+    after_s = after_s or {}
+    parts = []
+    for code, n in sorted(failed.items(), key=lambda kv: (-kv[1], kv[0])):
+        parts.append(f"{code} {n}" + (f" after {after_s[code]:.2f} s" if code in after_s else ""))
+    return ", ".join(parts) or "-"

@@ -4,8 +4,8 @@ turn the samples into CPU-seconds, memory-seconds and process-seconds over any s
 
 A replica that stops between two samples is counted whole: its own CPU up to the earlier sample, and what it spent
 after, from the growth of the supervisor's reaped-children CPU (cutime + cstime, proc(5)), which grows by a child's
-whole CPU when the supervisor waits for it. The supervisor's other children run for the whole stack's life, so in a
-run's spans that growth is the model replicas'.
+whole CPU when the supervisor waits for it (that growth is looked at only over intervals in which a replica went
+away: the supervisor may reap other short-lived children too).
 
     with UsageSampler(stack.process.pid, origin=time.perf_counter()) as sampler:
         ...  # the load
@@ -82,13 +82,15 @@ class Snapshot:
 
 def interval_cpu_s(a: Snapshot, b: Snapshot) -> float:
     """CPU seconds the model processes spent between two samples: the growth of each one alive at `b` (all of its
-    CPU when it started in between), plus what those gone since `a` spent after it (the reaped CPU's growth less
-    their CPU at `a`, never below 0: a process reaped by another parent leaves no trace there)."""
+    CPU when it started in between), plus, when some of those alive at `a` are gone, what they spent after it (the
+    reaped CPU's growth less their CPU at `a`, never below 0: a process reaped by another parent leaves no trace
+    there). With none gone the reaped CPU is not looked at: it is then another child's (a process the supervisor
+    ran for a moment)."""
     before = {p.key: p.cpu_s for p in a.procs}
     alive = {p.key for p in b.procs}
     grown = sum(p.cpu_s - before.get(p.key, 0.0) for p in b.procs)
-    gone_at_a = sum(cpu for key, cpu in before.items() if key not in alive)
-    return grown + max(0.0, b.reaped_cpu_s - a.reaped_cpu_s - gone_at_a)
+    gone = [cpu for key, cpu in before.items() if key not in alive]
+    return grown + (max(0.0, b.reaped_cpu_s - a.reaped_cpu_s - sum(gone)) if gone else 0.0)
 
 
 def _overlap(a: Snapshot, b: Snapshot, start: float, end: float) -> float:

@@ -34,6 +34,8 @@ def test_a_phase_counts_what_was_sent_in_it_by_outcome() -> None:
     assert f.lost == 1
     assert f.p50_s == pytest.approx(0.01)
     assert failed_text(f.failed) == "UNAVAILABLE 2, RESOURCE_EXHAUSTED 1"
+    assert failed_text(f.failed, f.failed_after_s) == "UNAVAILABLE 2 after 0.00 s, RESOURCE_EXHAUSTED 1 after 0.00 s"
+    assert f.failed_after_s["UNAVAILABLE"] == pytest.approx(0.002)
     assert failed_text({}) == "-"
 
 

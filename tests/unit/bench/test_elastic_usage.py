@@ -50,6 +50,13 @@ def test_an_interval_counts_growth_new_processes_and_what_the_gone_spent_after_t
     assert interval_cpu_s(a, b) == pytest.approx(0.5 + 0.2 + 0.3)
 
 
+def test_what_the_supervisor_reaps_while_no_replica_went_away_is_not_theirs() -> None:
+    a = Snapshot(0.0, (proc(1, 10.0),), reaped_cpu_s=1.0)
+    b = Snapshot(1.0, (proc(1, 10.5),), reaped_cpu_s=1.3)  # some other child of the supervisor ended
+    assert interval_cpu_s(a, b) == pytest.approx(0.5)
+    assert interval_cpu_s(Snapshot(0.0, ()), Snapshot(1.0, (), reaped_cpu_s=0.2)) == 0.0
+
+
 def test_a_reused_pid_is_a_new_process() -> None:
     a = Snapshot(0.0, (proc(1, 10.0, start=1),))
     b = Snapshot(1.0, (proc(1, 0.4, start=2),))
