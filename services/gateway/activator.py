@@ -172,9 +172,10 @@ class Activator:
         outcome = "cancelled"
         with child_span(tracer, "park", {"model": target.model, "subset": target.subset}) as span:
             try:
-                outcome = await self._wait(state.released, deadline.end, since + self.wait_s)
+                outcome = await self._wait(state.released, deadline.caller_end, since + self.wait_s)
             finally:
                 parked_s = time.monotonic() - start
+                deadline.pause(parked_s)  # the pipeline's total budgets work; the caller's deadline still binds
                 self._leave(target, state)
                 if permit is not None:
                     permit.step_in()

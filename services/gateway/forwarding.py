@@ -121,7 +121,7 @@ class Forwarder:
         model has no serving replica (the mesh routes the call on its headers alone, as it does the readiness)."""
         self._reachable(request.model_name)
         permit = self.admission.acquire(f"model:{request.model_name}", priority)
-        deadline = Deadline(self._timeout(caller_remaining_s), None)
+        deadline = Deadline(FORWARD_TIMEOUT_S, caller_remaining_s)
         target = Target(request.model_name, request.model_version, routing_headers(headers, PER_REQUEST_HEADERS))
 
         async def send() -> pb.ModelInferResponse:

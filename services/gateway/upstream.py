@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import secrets
 import time
 from collections.abc import AsyncGenerator, Awaitable, Iterable, Mapping, Sequence
@@ -171,11 +172,18 @@ def hop_headers(headers: Headers) -> tuple[tuple[str, str], ...]:
 
 
 class Deadline:
-    """What is left of the caller's deadline (and the pipeline's total), handed to each hop."""
+    """What is left of the caller's deadline (and the pipeline's total), handed to each hop. The pipeline's total
+    budgets the gateway's work: time a request spends parked for a cold model is given back to it (`pause`), the
+    caller's own deadline never moves."""
 
     def __init__(self, total_s: float, caller_remaining_s: float | None) -> None:
-        budget = total_s if caller_remaining_s is None else min(total_s, caller_remaining_s)
-        self.end = time.monotonic() + budget
+        now = time.monotonic()
+        self.caller_end = math.inf if caller_remaining_s is None else now + caller_remaining_s
+        self.end = min(now + total_s, self.caller_end)
+
+    def pause(self, seconds: float) -> None:
+        """Give `seconds` (spent waiting, not working) back to the pipeline's total, within the caller's deadline."""
+        self.end = min(self.end + seconds, self.caller_end)
 
     def remaining(self) -> float:
         return self.end - time.monotonic()

@@ -235,15 +235,28 @@ async def test_a_resend_that_finds_the_model_cold_again_parks_again_within_one_w
 async def test_a_deadline_shorter_than_the_wait_ends_the_park_at_the_deadline_with_deadline_exceeded() -> None:
     async with cold() as (_service, rig):  # every remedy configured: none answers for a request out of time
         before = Counts.of("m")
-        deadline = Deadline(0.3, None)
+        deadline = Deadline(10.0, 0.3)  # the caller's deadline: 0.3 s
         with pytest.raises(MeshserveError) as caught:
             await rig.run(deadline=deadline)
         left = time.monotonic()
         assert caught.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
         assert "'m' was starting" in str(caught.value)
-        assert deadline.end <= left < deadline.end + 0.25  # never early; at the deadline, not at the cap
+        assert deadline.caller_end <= left < deadline.caller_end + 0.25  # never early; at the deadline, not the cap
         assert rig.demand.snapshot() == {}
         assert Counts.of("m").since(before) == {"deadline": 1}
+
+
+async def test_time_parked_is_given_back_to_the_pipeline_total_but_never_past_the_caller_s_deadline() -> None:
+    async with cold() as (service, rig):
+        deadline = Deadline(0.3, 5.0)  # the pipeline's total is shorter than the cold start; the caller waits 5 s
+        run = asyncio.ensure_future(rig.run(deadline=deadline))
+        await asyncio.sleep(0.5)  # longer than the pipeline's total, parked all along
+        assert not run.done()
+        service.serving = True
+        answer = await run
+        assert answer.degraded is None and answer.model_version == "1"
+        assert deadline.end <= deadline.caller_end
+        assert Deadline(0.3, None).caller_end == float("inf")
 
 
 async def test_the_cap_ends_the_park_with_unavailable_saying_the_model_is_starting() -> None:
