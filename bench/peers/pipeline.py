@@ -191,7 +191,8 @@ def meshserve_stack(stack: contextlib.ExitStack, redis_url: str) -> tuple[str, d
 
 def ray_group(command: str, comm: str) -> str:
     """The CPU breakdown's group of one of Ray's processes, from its command line (a worker rewrites its own to
-    `ray::<actor class>[.<method>]`, a Serve replica's class being `ServeReplica:<app>:<deployment>`)."""
+    `ray::<actor class>[.<method>]`, a Serve replica's class being `ServeReplica:<app>:<deployment>`): raylet, GCS,
+    a deployment's name, another actor's class, or `other` (the driver, the dashboard agent, the log monitor)."""
     if comm == "raylet":
         return "raylet"
     if comm == "gcs_server":
@@ -201,7 +202,7 @@ def ray_group(command: str, comm: str) -> str:
     parts = command.split()[0].removeprefix("ray::").split(":")
     if parts[0] == "ServeReplica" and len(parts) >= 3:
         return parts[2].split(".")[0]
-    return "other workers"
+    return parts[0].split(".")[0]  # another actor (ServeController, ProxyActor) or an idle worker (IDLE)
 
 
 def ray_processes(root: int, stats: Mapping[int, cpu.ProcStat]) -> dict[int, str]:
@@ -599,6 +600,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--concurrency", type=int, nargs="+", default=list(CONCURRENCY))
     parser.add_argument("--batch-wait-ms", type=float, default=0.0, help="Ray's @serve.batch batch_wait_timeout_s")
     parser.add_argument("--ray-only", action="store_true", help="measure Ray Serve alone (meshserve not started)")
+    parser.add_argument("--no-record", action="store_true", help="do not write bench/results/latest.json")
     parser.add_argument(
         "--usd-per-vcpu-hour",
         type=float,
@@ -646,7 +648,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         valkey.stop()
     figures = report(results, args.concurrency, command, args.seconds, spent, args.usd_per_vcpu_hour)
-    print(f"\nrecorded in {record(figures)}")
+    if not args.no_record:
+        print(f"\nrecorded in {record(figures)}")
     return 0
 
 
