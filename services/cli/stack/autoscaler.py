@@ -120,21 +120,37 @@ class GroupScaler:
             wait = min(wait * 2, RECONNECT_S[1])
 
     async def control_loop(self) -> None:
-        while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.wake.wait(), self.poll_s)
-            self.wake.clear()
-            sample = await self.observe()
-            if sample is None:
-                continue
-            self.history.append(sample)
-            trim(self.history, self.policy.window_s)
-            step = decide(self.current, self.history, self.policy)
-            if step is not None:
-                try:
-                    await self.apply(step)
-                except Exception as exc:  # Envoy slow to take endpoints, ...: said, and the next decision retries
-                    self.say(f"{type(exc).__name__}: {exc}")
+        """Sample, and decide when no step is under way; a step runs as its own task, so that the sampling goes on
+        while replicas start (a gap in the history would make the window look idle)."""
+        acting: asyncio.Task[None] | None = None
+        try:
+            while True:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.wake.wait(), self.poll_s)
+                self.wake.clear()
+                sample = await self.observe()
+                if sample is None:
+                    continue
+                self.history.append(sample)
+                trim(self.history, self.policy.window_s)
+                if acting is not None and not acting.done():
+                    continue
+                step = decide(self.current, self.history, self.policy)
+                if step is not None:
+                    acting = asyncio.create_task(self.act(step))
+        finally:
+            if acting is not None:
+                acting.cancel()
+                await asyncio.gather(acting, return_exceptions=True)
+
+    async def act(self, step: Step) -> None:
+        """Apply a step, then wake the loop for the next decision at once."""
+        try:
+            await self.apply(step)
+        except Exception as exc:  # Envoy slow to take endpoints, ...: said, and the next decision retries
+            self.say(f"{type(exc).__name__}: {exc}")
+        finally:
+            self.wake.set()
 
     async def observe(self) -> Sample | None:
         """The demand now from GetMetrics (the metric's name from GetMetricSpec, asked once per connection); when
@@ -159,9 +175,9 @@ class GroupScaler:
         if step.to > before:
             free = [s for s in self.slots if s.name not in self.running][: step.to - before]
             outcomes = await asyncio.gather(*(self.start(s) for s in free))
-            lost = [f"{s.name} ({why})" for s, why in zip(free, outcomes, strict=True) if why]
+            lost = [why for why in outcomes if why]
             if lost:
-                reason = f"gave up {', '.join(lost)}; retrying at the next decision"
+                reason = f"gave up: {'; '.join(lost)}; retrying at the next decision"
                 self.record(Decision(time.time(), self.subset, step.to, self.current, reason))
         else:
             running = [s for s in self.slots if s.name in self.running]
@@ -337,6 +353,9 @@ class StackReplicas:
             await run.supervisor.wait_healthy(managed, self.start_timeout_s)
         except (StackError, ValueError) as exc:
             await self._forget(replica)
+            if "not SERVING after" in str(exc):
+                log = run.log_dir / f"{replica.name}.log"
+                exc = StackError(f"{replica.name} not SERVING after {self.start_timeout_s:g} s (see {log})")
             raise StackError(str(exc).splitlines()[0]) from None
         self.serving[replica.name] = replica
         await self._publish()

@@ -63,9 +63,10 @@ def decide(current: int, history: Sequence[Sample], policy: ScalePolicy) -> Step
     """The step a group running `current` replicas takes now, or None to stay.
 
     `history` is oldest first, its last sample the latest (its time is "now"), its first the start of what has been
-    observed. Up: at once to the latest sample's desired count. Down: to the largest desired count over the last
-    `window_s` (the HPA's stabilisation), only once the history covers the whole window and that count is below
-    `current`; with no demand in the window the group goes back to min_replicas (0 allowed).
+    observed; a sample holds until the next one. Up: at once to the latest sample's desired count. Down: to the
+    largest desired count over the last `window_s` (the HPA's stabilisation; the sample in force when the window
+    opened counts, so a gap in sampling cannot hide demand), only once the history covers the whole window and that
+    count is below `current`; with no demand in the window the group goes back to min_replicas (0 allowed).
     """
     if not history:
         return None
@@ -73,9 +74,11 @@ def decide(current: int, history: Sequence[Sample], policy: ScalePolicy) -> Step
     want = policy.desired(latest.demand, latest.active)
     if want > current:
         return Step(want, up_reason(current, latest, policy))
-    if want == current or latest.at - history[0].at < policy.window_s:
+    start = latest.at - policy.window_s
+    if want == current or history[0].at > start:
         return None
-    recent = [s for s in history if s.at >= latest.at - policy.window_s]
+    opened = max(i for i, s in enumerate(history) if s.at <= start)  # the sample in force when the window opened
+    recent = [s for i, s in enumerate(history) if i >= opened and (s.at > start or i == opened)]
     stable = max(policy.desired(s.demand, s.active) for s in recent)
     if stable >= current:
         return None

@@ -6,8 +6,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import errno
 import os
+import shutil
 import signal
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -93,21 +96,42 @@ async def grpc_health(address: str, rpc_timeout_s: float = 1.0, root_certificate
         return reply.status == health_pb2.HealthCheckResponse.SERVING
 
 
-def _libc_prctl() -> Callable[..., int] | None:
+def _has_prctl() -> bool:
     try:
-        return ctypes.CDLL(None).prctl  # resolved here, in the parent: the child only calls it
-    except (AttributeError, OSError):
-        return None
+        return hasattr(ctypes.CDLL(None), "prctl")
+    except OSError:
+        return False
 
 
-_PRCTL = _libc_prctl()
-_PR_SET_PDEATHSIG = 1
+# Each child dies with the supervisor, even when it is killed (SIGKILL): PR_SET_PDEATHSIG (Linux) set by a tiny
+# interpreter that then execs the child's argv, keeping its pid. Not a preexec_fn: that forks and runs Python in the
+# child, and with grpc's threads busy in this process (the autoscaler's calls, health checks) 15 of 120 such children
+# died of SIGSEGV before their exec, and the parent's grpc poller lost its epoll descriptor. Without a preexec_fn
+# Python spawns with vfork, which runs neither Python nor grpc's fork handlers. It exits at once if the supervisor
+# died before prctl took effect.
+DIE_WITH_PARENT = (
+    "import ctypes, os, sys; ctypes.CDLL(None).prctl(1, 15); "
+    "os.getppid() == int(sys.argv[1]) or os._exit(1); os.execvp(sys.argv[2], sys.argv[2:])"
+)
+_PDEATHSIG = _has_prctl()
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: SIGTERM when the supervisor dies, even by SIGKILL (Linux; no-op elsewhere)."""
-    if _PRCTL is not None:
-        _PRCTL(_PR_SET_PDEATHSIG, int(signal.SIGTERM))
+def dying_with_parent(argv: list[str], env: dict[str, str], cwd: Path | None) -> list[str]:
+    """`argv` run so that it gets SIGTERM when this process dies (unchanged where Linux's prctl is not there).
+    FileNotFoundError or PermissionError here, as a direct spawn raises them, when argv[0] (looked up on env's PATH,
+    or relative to `cwd`) is not an executable file."""
+    if not _PDEATHSIG:
+        return list(argv)
+    program = argv[0]
+    if os.sep in program:
+        path = Path(program) if Path(program).is_absolute() or cwd is None else cwd / program
+        if not path.is_file():
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), program)
+        if not os.access(path, os.X_OK):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), program)
+    elif shutil.which(program, path=env.get("PATH")) is None:
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), program)
+    return [sys.executable, "-S", "-c", DIE_WITH_PARENT, str(os.getpid()), *argv]
 
 
 def _healthy_word(spec: ProcessSpec) -> str:
@@ -271,14 +295,13 @@ class Supervisor:
             log.write(f"{START_HEADER} {m.spec.name} at {stamp}: {' '.join(m.spec.argv)}\n".encode())
             log.flush()
             m.process = await asyncio.create_subprocess_exec(
-                *m.spec.argv,
+                *dying_with_parent(m.spec.argv, env, self.cwd),
                 env=env,
                 cwd=self.cwd,
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=log,
                 stderr=asyncio.subprocess.STDOUT,
                 start_new_session=True,  # Ctrl-C reaches only the supervisor, which stops children in order
-                preexec_fn=_die_with_parent,
             )
         m.started_at = time.monotonic()
         m.state = "running"

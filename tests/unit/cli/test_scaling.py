@@ -61,30 +61,38 @@ def test_no_scale_down_before_the_history_covers_the_window() -> None:
 
 def test_scale_down_takes_the_largest_count_the_window_wanted() -> None:
     busy_then_quiet = history((0, 40), (10, 20), (20, 5), (30, 5), (35, 5))
-    assert decide(3, busy_then_quiet, POLICY) == Step(2, "demand at most 20 for 30 s: 2 x 16 carry it")
-    later = history((0, 40), (10, 20), (20, 5), (30, 5), (41, 5))  # the 20 left the window
+    assert decide(3, busy_then_quiet, POLICY) is None  # 40 held from 0 to 10: inside the window [5, 35]
+    assert decide(3, [*busy_then_quiet, Sample(41, 5, True)], POLICY) == Step(
+        2, "demand at most 20 for 30 s: 2 x 16 carry it"
+    )
+    later = [*busy_then_quiet, Sample(51, 5, True)]  # the 20 left the window [21, 51]
     assert decide(3, later, POLICY) == Step(1, "demand at most 5 for 30 s: 1 x 16 carry it")
     assert decide(2, history((0, 20), (30, 20)), POLICY) is None  # still wants 2
 
 
 def test_one_request_in_the_window_keeps_a_replica() -> None:
-    blip = history((0, 0), (12, 1), (30, 0))
-    assert decide(1, blip, POLICY) is None
-    assert decide(1, history((0, 0), (12, 1), (42.5, 0)), POLICY) == Step(0, "idle for 30 s")
+    blip = history((0, 0), (12, 1), (13, 0))
+    assert decide(1, [*blip, Sample(42.5, 0, False)], POLICY) is None
+    assert decide(1, [*blip, Sample(43.5, 0, False)], POLICY) == Step(0, "idle for 30 s")
 
 
 def test_active_without_demand_counts_as_demand() -> None:
     assert decide(1, history((0, 0), (30, 0), active=True), POLICY) is None
 
 
-def test_trim_keeps_the_window_and_the_sample_before_it() -> None:
+def test_a_gap_in_sampling_cannot_hide_demand() -> None:
     kept: deque[Sample] = deque(history(*((t, 1) for t in range(0, 100, 5))))
     trim(kept, 30)
     assert [s.at for s in kept] == [65, 70, 75, 80, 85, 90, 95]
     assert decide(1, list(kept), POLICY) is None
-    kept.append(Sample(200, 0, False))
+    kept.append(Sample(200, 0, False))  # nothing sampled from 95 to 200 (the loop was busy): 1 held until 200
     trim(kept, 30)
     assert [s.at for s in kept] == [95, 200]
+    assert decide(1, list(kept), POLICY) is None
+    for t in (215, 231):
+        kept.append(Sample(t, 0, False))
+        trim(kept, 30)
+    assert [s.at for s in kept] == [200, 215, 231]
     assert decide(1, list(kept), POLICY) == Step(0, "idle for 30 s")
 
 
