@@ -80,7 +80,8 @@ def eds_cluster_config(endpoints_dir: Path, name: str) -> dict[str, Any]:
 
 
 def outlier_detection(od: OutlierDetection) -> dict[str, Any]:
-    """Istio's translation: each consecutive counter set is enforced at 100%, success-rate ejection is off."""
+    """Istio's translation: each consecutive counter set is enforced at 100%, success-rate ejection is off (for
+    local-origin failures too, when they are counted apart)."""
     out: dict[str, Any] = {"enforcing_success_rate": 0}
     if od.consecutive_gateway_errors is not None:
         out["consecutive_gateway_failure"] = od.consecutive_gateway_errors
@@ -96,6 +97,12 @@ def outlier_detection(od: OutlierDetection) -> dict[str, Any]:
         out["base_ejection_time"] = envoy_duration(parse_duration(od.base_ejection_time))
     if od.max_ejection_percent is not None:
         out["max_ejection_percent"] = od.max_ejection_percent
+    if od.split_external_local_origin_errors:
+        out["split_external_local_origin_errors"] = True
+        if od.consecutive_local_origin_failures:
+            out["consecutive_local_origin_failure"] = od.consecutive_local_origin_failures
+            out["enforcing_consecutive_local_origin_failure"] = 100
+        out["enforcing_local_origin_success_rate"] = 0
     return out
 
 

@@ -149,6 +149,12 @@ class ConnectionPoolSettings(IstioModel):
 
 
 class OutlierDetection(IstioModel):
+    """Istio's OutlierDetection. Without `splitExternalLocalOriginErrors` Envoy counts its own failures to reach a
+    host (a timeout as 504, a refused or reset connection as 503) with the host's answers in both consecutive
+    counters; with it they count only in `consecutiveLocalOriginFailures`."""
+
+    split_external_local_origin_errors: bool = False
+    consecutive_local_origin_failures: int | None = Field(None, ge=0)
     consecutive_gateway_errors: int | None = Field(None, ge=0)
     consecutive_5xx_errors: int | None = Field(None, ge=0, alias="consecutive5xxErrors")
     interval: Duration | None = None

@@ -101,11 +101,16 @@ def test_variants_replace_the_envoy_filter_of_the_same_name() -> None:
 
 
 def mapper_of(hcm: dict[str, Any], kind: str, flag: str | None = None) -> dict[str, Any]:
-    """The one local reply mapper whose filter is of `kind` (and, for response flags, names `flag`)."""
+    """The one local reply mapper whose filter is of `kind` (and names `flag`: among its response flags, or in its CEL
+    expression)."""
+
+    def names(f: dict[str, Any]) -> bool:
+        return flag in (f["flags"] if "flags" in f else f["typed_config"]["expression"])
+
     found = [
         m
         for m in hcm["local_reply_config"]["mappers"]
-        if kind in m["filter"] and (flag is None or flag in m["filter"][kind]["flags"])
+        if kind in m["filter"] and (flag is None or names(m["filter"][kind]))
     ]
     assert len(found) == 1, hcm["local_reply_config"]
     return found[0]
@@ -138,7 +143,7 @@ def test_a_stream_idle_timeout_is_a_deadline_exceeded() -> None:
 
 
 def test_a_token_for_another_audience_is_unauthenticated() -> None:
-    audience = mapper_of(ingress_hcm([ISTIO]), "extension_filter")
+    audience = mapper_of(ingress_hcm([ISTIO]), "extension_filter", "jwt_authn")
     expression = audience["filter"]["extension_filter"]["typed_config"]["expression"]
     assert "403" in expression and "jwt_authn_access_denied" in expression  # jwt_authn's 403 only, never RBAC's
     assert audience["status_code"] == 401 and "body" not in audience  # jwt_authn's own message stays

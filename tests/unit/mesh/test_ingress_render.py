@@ -48,13 +48,14 @@ def policy(name: str, action: str, rules: list[dict[str, Any]]) -> dict[str, Any
     }
 
 
-def test_filters_run_authentication_then_authorization_then_the_rate_limit() -> None:
+def test_filters_run_authentication_then_authorization_then_the_limits() -> None:
     assert list(filters()) == [
         "envoy.filters.http.jwt_authn",
         "rbac.DENY",  # istiod: DENY policies before ALLOW ones
         "rbac.ALLOW",
         "envoy.filters.http.fault",
         "envoy.filters.http.local_ratelimit",  # EnvoyFilter INSERT_BEFORE the router: sees jwt_authn's subject
+        "envoy.filters.http.adaptive_concurrency",  # counts only the calls all the others let through
         "envoy.filters.http.router",
     ]
 

@@ -47,9 +47,9 @@ def test_retries_timeouts_and_previous_hosts() -> None:
     assert route["timeout"] == "5s"
     assert route["max_stream_duration"] == {"grpc_timeout_header_max": "5s"}
     retry = route["retry_policy"]
-    assert retry["retry_on"] == "unavailable,resource-exhausted,cancelled,connect-failure"
+    assert retry["retry_on"] == "unavailable,resource-exhausted,cancelled,connect-failure,reset"
     assert retry["num_retries"] == 3
-    assert retry["per_try_timeout"] == "2s"
+    assert retry["per_try_timeout"] == "0.25s"
     assert retry["retry_host_predicate"][0]["name"] == PREVIOUS_HOSTS
     assert retry["host_selection_retry_max_attempts"] >= 5
 
