@@ -79,6 +79,7 @@ bench: setup models
 	$(PY) -m bench.mesh
 	$(PY) -m bench.tracing
 	$(PY) -m bench.stack
+	$(PY) -m bench.elastic
 
 bench-peers: setup models
 	$(PY) -m bench.peers
