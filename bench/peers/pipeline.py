@@ -500,7 +500,9 @@ def cpu_report(
         f"CPU per answered request (/proc utime+stime of every process of each stack, the shared Valkey included; "
         f"not the load generator's), $ per 1M requests at {price}",
     )
-    print_table(["stack", "conc", "CPU ms per request by process"], breakdown_rows(results, spent, concurrency))
+    print("\nCPU ms per request by process, largest first")
+    for server, c, parts in breakdown_rows(results, spent, concurrency):
+        print(f"  {server} c={c}: {parts}", flush=True)
     figures: list[dict[str, object]] = []
     for (server, c), seconds in spent.items():
         ms = cpu_ms(results.get((server, c)), seconds)
