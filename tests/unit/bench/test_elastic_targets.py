@@ -129,13 +129,13 @@ def test_a_run_comes_to_its_figures_against_the_fixed_one(capsys: pytest.Capture
 
     assert usage(elastic, True, 3.6).replica_s == pytest.approx(11 * 1 + 19 * 2)  # 5..16 at 1, 16..35 at 2
     f = usage(fixed, True, 3.6)
-    assert (f.replica_s, f.answered) == (pytest.approx(120.0), 300)
+    assert f.replica_s == pytest.approx(120.0) and f.answered == 300
     assert f.cpu_s == pytest.approx(3 * 0.5 * 40) and f.memory_gib_s == pytest.approx(120.0)
     assert f.usd == pytest.approx(0.12) and f.usd_per_million == pytest.approx(400.0)
 
     m = measured(run)
-    assert m.first_answers_s == [pytest.approx(1.2)]
-    assert m.reactions_s == [pytest.approx(1.1), pytest.approx(2.5)]  # low: 5 -> 6.1; high: 15 -> 17.5
+    assert list(m.first_answers_s) == pytest.approx([1.2])
+    assert list(m.reactions_s) == pytest.approx([1.1, 2.5])  # low: 5 -> 6.1; high: 15 -> 17.5
     assert m.idle_zero_cpu_s == 0.0
     assert m.steady_p99_s == pytest.approx(0.028) and m.fixed_steady_p99_s == pytest.approx(0.025)
     verdicts = {t.name: t.verdict for t in targets(m)}
