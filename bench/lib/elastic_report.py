@@ -18,9 +18,9 @@ from bench.lib.scaling import ColdStart, Decision, per_second, reaction_s, repli
 
 PREFIX = "elastic"
 ELASTIC, FIXED = "elastic", "fixed"
-# The price of one replica-hour: one model replica per instance, an m7i.large (2 vCPUs, 8 GiB), at bench.lib.cpu's
-# price of a vCPU-hour (AWS EC2 On-Demand, Linux, us-east-1; its source is cited there). Pass --price-per-hour for
-# another instance, region or date.
+# The price of one replica-hour: one model replica per instance, an m7i.large (2 vCPUs, 8 GiB) at AWS EC2 On-Demand,
+# Linux, us-east-1, $0.1008 an hour (https://aws.amazon.com/ec2/pricing/on-demand/), which is two of bench.lib.cpu's
+# vCPU-hours (its sources are cited there). Pass --price-per-hour for another instance, region or date.
 VCPUS_PER_INSTANCE = 2
 USD_PER_INSTANCE_HOUR = VCPUS_PER_INSTANCE * cpu.USD_PER_VCPU_HOUR
 PRICE_SOURCE = (
