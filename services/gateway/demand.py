@@ -37,6 +37,10 @@ class DemandTracker:
     held while the model has no serving replica (`parked`). Every change sets `changed`, which the reporter waits
     on. A key whose counts are back to zero is dropped, so the table holds only what is in flight now.
 
+    The reporter sends `report()`, not `snapshot()`: the most calls in flight at once since the previous report.
+    A call shorter than the reporter's interval (most are: milliseconds against 20 ms) would otherwise be gone
+    before any report saw it, and a model under a steady light load would look idle to the scaler.
+
     Example:
         tracker = DemandTracker()
         key = tracker.enter("fraud_mlp", "", headers)
@@ -48,6 +52,7 @@ class DemandTracker:
 
     def __init__(self) -> None:
         self._counts: dict[DemandKey, list[int]] = {}  # key -> [in flight, parked]
+        self._peaks: dict[DemandKey, int] = {}  # key -> most in flight at once since the last report
         self.changed = asyncio.Event()
 
     def enter(self, model: str, version: str, headers: Sequence[tuple[str, str]]) -> DemandKey:
@@ -55,9 +60,11 @@ class DemandTracker:
         key = (model, subset_of(version, headers))
         counts = self._counts.get(key)
         if counts is None:
-            self._counts[key] = [1, 0]
+            self._counts[key] = counts = [1, 0]
         else:
             counts[0] += 1
+        if counts[0] > self._peaks.get(key, 0):
+            self._peaks[key] = counts[0]
         self.changed.set()
         return key
 
@@ -87,6 +94,17 @@ class DemandTracker:
         """The demand now (only keys with some)."""
         return {key: Demand(in_flight, parked) for key, (in_flight, parked) in self._counts.items()}
 
+    def report(self) -> dict[DemandKey, Demand]:
+        """What the scaler is sent: per key, the most calls in flight at once since the previous report (so a call
+        that came and went in between counts) and the requests parked now; then the peaks start again from now."""
+        out = {key: Demand(in_flight, parked) for key, (in_flight, parked) in self._counts.items()}
+        for key, peak in self._peaks.items():
+            now = out.get(key, Demand())
+            if peak > now.in_flight:
+                out[key] = Demand(peak, now.parked)
+        self._peaks = {}
+        return out
+
 
 def gateway_id() -> str:
     """This gateway's id for the scaler: the host name (a pod's name in Kubernetes) and the process id."""
@@ -103,7 +121,7 @@ def demand_reporter(
     return DemandReporter(
         settings.scaler_address,
         gateway_id(),
-        tracker.snapshot,
+        tracker.report,
         tracker.changed,
         metadata=metadata,
         options=transport_options(settings),

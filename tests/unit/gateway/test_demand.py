@@ -64,6 +64,23 @@ async def test_the_tracker_counts_in_flight_and_parked_and_drops_keys_at_zero() 
     assert tracker.snapshot() == {}
 
 
+def test_a_report_counts_the_calls_that_came_and_went_since_the_previous_one() -> None:
+    tracker = DemandTracker()
+    keys = [tracker.enter("m", "", ()) for _ in range(3)]  # three at once
+    for key in keys:
+        tracker.leave(key)
+    tracker.leave(tracker.enter("m", "2", ()))  # one alone, as short as most calls
+    parked = tracker.park("m", "")
+    assert tracker.snapshot() == {("m", ""): Demand(0, 1)}  # now: nothing in flight
+    assert tracker.report() == {("m", ""): Demand(3, 1), ("m", "v2"): Demand(1, 0)}  # since the last report
+    assert tracker.report() == {("m", ""): Demand(0, 1)}  # the peaks start again from what is in flight now
+    still = tracker.enter("m", "", ())
+    tracker.unpark(parked)
+    assert tracker.report() == {("m", ""): Demand(1, 0)}
+    tracker.leave(still)
+    assert tracker.report() == {}  # it was reported while in flight; nothing since
+
+
 async def test_the_runner_counts_its_model_call_while_it_is_in_flight() -> None:
     log: list[str] = []
     model = FakeModel(log)
@@ -142,6 +159,9 @@ async def test_the_gateways_demand_reaches_the_scaler_as_it_changes(scaler: Grpc
         await until(lambda: handler.demand(handler.target({"model": "fraud_mlp"})) == 2, 1)
         tracker.leave(key)
         tracker.unpark(parked)
+        await until(lambda: handler.totals() == {}, 1)
+        tracker.leave(tracker.enter("fraud_mlp", "", ()))  # a call over before the reporter wakes still counts
+        await until(lambda: handler.is_active({"model": "fraud_mlp"}), 1)
         await until(lambda: handler.totals() == {}, 1)
     finally:
         task.cancel()
