@@ -209,8 +209,8 @@ async def run_stack(
         endpoint = await reach_entry(run)
         if endpoint is None:
             return run.exit_code()
+        scaling = start_autoscaler(run, start_timeout_s)  # autoscale.json before stack.json says the stack is up
         run.save_state()
-        scaling = start_autoscaler(run, start_timeout_s)
         announce(run, endpoint, example=demo_s <= 0)
         if demo_s > 0:
             ca = secrets.ca_cert if endpoint.tls else None

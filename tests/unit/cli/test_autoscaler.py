@@ -90,7 +90,7 @@ async def test_activation_is_pushed_and_the_group_follows_its_demand(
     layout = layout_of(
         tmp_path, "replicas: 0, min_replicas: 0, max_replicas: 3, target_per_replica: 2, scale_down_window_s: 2"
     )
-    replicas, printed = Replicas(), []
+    replicas, printed = Replicas(), list[str]()
     slow_poll = Autoscaler(layout, replicas, f"127.0.0.1:{scaler.port}", tmp_path, printed.append, poll_s=30)
     async for _ in running(slow_poll):
         await asyncio.sleep(0.3)  # StreamIsActive open, the first (idle) poll done
