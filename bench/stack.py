@@ -45,7 +45,7 @@ ZIPF_REQUESTS = 20_000  # requests in its perf_analyzer file (sent in turn, roun
 # `other`: a service stack.json lists that none of the named columns is (the supervisor, `meshserve up` itself, is
 # not a service of the stack and is not counted).
 PROCESSES = ("gateway", "Envoy", "cache", "feature", "model", "trace store", "Valkey", "other")
-INGRESS_ANSWERS = "http.ingress.downstream_rq_completed"  # Envoy's count of the ingress's finished requests
+INGRESS_REQUESTS = "http.ingress.downstream_rq_completed"  # Envoy's count of the ingress's finished requests
 
 # The targets, each against the bare server measured in the same run.
 C1_P50_MOST = 6.0  # stack c=1 p50 <= 6 x the floor's
@@ -201,7 +201,7 @@ def table_rows(stack: dict[int, PerfResult], floor: dict[int, PerfResult]) -> li
 @dataclass
 class CpuCell:
     """One perf_analyzer run of the CPU table: its traffic and concurrency, the run (None: perf_analyzer gave no
-    stable measurement, or failed), the answers the ingress counted and the CPU seconds each column's processes
+    stable measurement, or failed), the requests the gateways answered OK and the CPU seconds each column's processes
     spent over the run, how long it took, and the cache hit ratio."""
 
     traffic: str
@@ -214,13 +214,14 @@ class CpuCell:
 
     @property
     def per_request_ms(self) -> dict[str, float] | None:
-        """CPU ms per request per column and in all: whenever the ingress counted answers, since CPU and answers
+        """CPU ms per request per column and in all: whenever the gateways answered, since CPU and answers
         are read over the same time whether or not perf_analyzer's latency windows agreed."""
         return cpu.per_request_ms(self.seconds, self.answers)
 
     @property
     def rate(self) -> float | str | None:
-        """perf_analyzer's req/s; without its measurement, `~N`: the ingress's count over the run's wall time."""
+        """perf_analyzer's req/s; without its measurement (it did not stabilise, or stopped at an error), `~N`: the
+        gateways' answers over the run's wall time."""
         if self.perf is not None:
             return self.perf.throughput
         return f"~{self.answers / self.elapsed_s:,.0f}" if self.answers and self.elapsed_s else None
@@ -259,7 +260,7 @@ def cpu_rows(cells: Sequence[CpuCell], usd_per_vcpu_hour: float) -> list[list[An
             rows.append([cell.traffic, cell.concurrency, *([None] * (len(CPU_HEADERS) - 2))])
             continue
         hits = "-" if cell.hits is None else f"{cell.hits:.0%}"
-        p50 = cell.perf.p50_ms if cell.perf is not None else "unstable"
+        p50 = cell.perf.p50_ms if cell.perf is not None else None
         cost = f"{cpu.cost_per_million(ms[cpu.TOTAL], usd_per_vcpu_hour):.3f}"
         processes = [ms.get(p) for p in PROCESSES]
         rows.append([cell.traffic, cell.concurrency, cell.rate, p50, hits, *processes, ms[cpu.TOTAL], cost])
@@ -274,7 +275,7 @@ def cpu_figures(cells: Sequence[CpuCell], usd_per_vcpu_hour: float, command: str
         if ms is None:
             continue
         key = f"{PREFIX}.cpu.{cell.traffic.lower().replace('-', '_')}.c{cell.concurrency}"
-        versus = f"{cell.answers:,} answers counted at the ingress, /proc utime+stime over the same perf_analyzer run"
+        versus = f"{cell.answers:,} requests answered OK, /proc utime+stime over the same perf_analyzer run"
         for column in (*PROCESSES, cpu.TOTAL):
             if column in ms:
                 slug = column.lower().replace(" ", "_")
@@ -390,48 +391,56 @@ def measure(name: str, url: str, model: str, c: int, measurement_ms: int, data: 
     return None
 
 
-def gateway_outcomes(state: dict[str, Any]) -> dict[str, float]:
-    """The stack's answered fraud requests so far by cache outcome, summed over its gateways' /metrics."""
-    counts: dict[str, float] = {}
+def gateway_outcomes(state: dict[str, Any]) -> dict[tuple[str, str], float]:
+    """The stack's fraud requests so far by (gRPC code, cache outcome), summed over its gateways' /metrics."""
+    counts: dict[tuple[str, str], float] = {}
     for service in state.get("services", []):
         if process_column(str(service.get("name", ""))) != "gateway" or not service.get("metrics_port"):
             continue
         for sample in gateway_metric_samples(int(service["metrics_port"])):
             if sample.name == "meshserve_gateway_requests_total" and sample.labels.get("pipeline") == PIPELINE:
-                outcome = sample.labels.get("cache", "")
-                counts[outcome] = counts.get(outcome, 0.0) + sample.value
+                key = (sample.labels.get("code", ""), sample.labels.get("cache", ""))
+                counts[key] = counts.get(key, 0.0) + sample.value
     return counts
 
 
-def ingress_answers(state: dict[str, Any], outcomes: dict[str, float]) -> int:
-    """The requests the stack has finished so far: Envoy's count at the ingress, or without the mesh the gateways'
-    answers (`outcomes`)."""
-    if state.get("admin"):
-        return EnvoyAdmin(str(state["admin"])).stat(INGRESS_ANSWERS)
-    return int(sum(outcomes.values()))
+def answers_between(
+    before: dict[tuple[str, str], float], after: dict[tuple[str, str], float]
+) -> tuple[int, float | None]:
+    """The requests the gateways answered OK between two gateway_outcomes readings, and the share of those the
+    cache gave (None without answers)."""
+    ok = {cache: v - before.get((code, cache), 0.0) for (code, cache), v in after.items() if code == "OK"}
+    answers = sum(ok.values())
+    return int(answers), (ok.get("hit", 0.0) / answers if answers > 0 else None)
+
+
+def ingress_requests(state: dict[str, Any]) -> int | None:
+    """The requests Envoy's ingress has finished so far, answered or not (None without the mesh)."""
+    return EnvoyAdmin(str(state["admin"])).stat(INGRESS_REQUESTS) if state.get("admin") else None
 
 
 def measure_cpu(stack: RunningStack, traffic: str, c: int, measurement_ms: int, inputs: Inputs) -> CpuCell:
-    """One perf_analyzer run, every process's CPU read from /proc before and after it, and the answers the ingress
-    counted over the same time (the counters are read outside the CPU window: reading them costs CPU too)."""
+    """One perf_analyzer run, every process's CPU read from /proc before and after it, and the answers the gateways
+    gave over the same time (the counters are read outside the CPU window: reading them costs CPU too).
+
+    The answers are the gateways' OK ones: Envoy's ingress count holds requests it refused or that failed too (its
+    adaptive concurrency limit answers some itself); with none of those, the two agree, and both are printed."""
     state = read_state(stack.log_dir) or stack.state  # the supervisor rewrites it when it restarts a process
-    outcomes = gateway_outcomes(state)
-    answers = ingress_answers(state, outcomes)
+    outcomes, at_ingress = gateway_outcomes(state), ingress_requests(state)
     before, began = cpu.snapshot(), time.monotonic()
     r = measure(traffic, stack.ingress, PIPELINE, c, measurement_ms, inputs)
     after, elapsed = cpu.snapshot(), time.monotonic() - began
-    outcomes_after = gateway_outcomes(state)
-    answered = ingress_answers(state, outcomes_after) - answers
-    served = {k: v - outcomes.get(k, 0.0) for k, v in outcomes_after.items()}
-    hits = served.get("hit", 0.0) / sum(served.values()) if sum(served.values()) > 0 else None
+    answers, hits = answers_between(outcomes, gateway_outcomes(state))
+    ingress = None if at_ingress is None else (ingress_requests(state) or 0) - at_ingress
+    print(f"    {answers:,} answered OK by the gateways, {ingress if ingress is not None else '-'} at the ingress")
     seconds = cpu.group_seconds(cpu.spent(before, after), stack_processes(state))
-    return CpuCell(traffic, c, r, answered, seconds, elapsed, hits)
+    return CpuCell(traffic, c, r, answers, seconds, elapsed, hits)
 
 
 def cpu_runs(stack: RunningStack, concurrency: Sequence[int], measurement_ms: int, data: InputFiles) -> list[CpuCell]:
     """The CPU table's runs: all-miss (fresh transactions each run), then Zipf(1.1) over a pool of transactions no
     other run sends (one file for the three runs, so the cache holds more of it at each)."""
-    print("[cpu] per-process CPU (/proc) over each run, against Envoy's count of ingress answers", flush=True)
+    print("[cpu] per-process CPU (/proc) over each run, against the requests the gateways answered OK", flush=True)
     zipf = data.zipf()
     cells = []
     for traffic, inputs in ((ALL_MISS, data), (ZIPF, zipf)):
@@ -580,7 +589,7 @@ def print_cpu(cells: Sequence[CpuCell], usd_per_vcpu_hour: float) -> None:
         CPU_HEADERS,
         cpu_rows(cells, usd_per_vcpu_hour),
         title="CPU ms per request, per process of the stack (/proc utime+stime over each perf_analyzer run, over the "
-        f"answers Envoy's ingress counted); $ per 1M requests at {price}",
+        f"requests the gateways answered OK in it); $ per 1M requests at {price}",
     )
     peers = peer_rows(results.load(), usd_per_vcpu_hour)
     if not peers:

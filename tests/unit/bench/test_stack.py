@@ -232,13 +232,13 @@ def test_cpu_rows_show_each_process_per_request_and_the_price_of_a_million() -> 
     assert "trace store" in table and "9.40" in table and "0.131" in table
 
 
-def test_a_run_without_a_stable_measurement_keeps_its_cpu_and_a_run_without_answers_shows_none() -> None:
+def test_a_run_perf_analyzer_did_not_measure_keeps_its_cpu_and_a_run_without_answers_shows_none() -> None:
     unstable = cpu_cell(stack.ALL_MISS, 32, 2.0, answers=400, run=None, elapsed_s=2.0)
     failed = cpu_cell(stack.ZIPF, 32, 0.5, answers=0, run=None, elapsed_s=2.0)
 
     rows = stack.cpu_rows([unstable, failed], usd_per_vcpu_hour=0.05)
 
-    assert rows[0][2:4] == ["~200", "unstable"] and rows[0][-2] == pytest.approx(5.0)
+    assert rows[0][2:4] == ["~200", None] and rows[0][-2] == pytest.approx(5.0)
     assert rows[1] == [stack.ZIPF, 32, *([None] * (len(stack.CPU_HEADERS) - 2))]
 
 
@@ -271,8 +271,22 @@ def test_the_zipf_file_repeats_transactions_that_no_all_miss_file_holds(tmp_path
     assert not set(users) & {entry["user_id"][0] for entry in json.loads(files.next().read_text())["data"]}
 
 
-def test_without_the_mesh_the_gateways_answers_are_the_count() -> None:
-    assert stack.ingress_answers({"admin": None}, {"hit": 30.0, "miss": 70.0}) == 100
+def test_answers_are_the_gateways_ok_answers_between_two_readings_and_hits_their_share_from_the_cache() -> None:
+    before = {("OK", "hit"): 100.0, ("OK", "miss"): 50.0, ("RESOURCE_EXHAUSTED", "none"): 7.0}
+    after = {
+        ("OK", "hit"): 190.0,
+        ("OK", "miss"): 80.0,
+        ("OK", "stale"): 0.0,
+        ("RESOURCE_EXHAUSTED", "none"): 40.0,  # refused: not an answer
+        ("UNAVAILABLE", "miss"): 3.0,
+    }
+
+    assert stack.answers_between(before, after) == (120, pytest.approx(0.75))
+    assert stack.answers_between(after, after) == (0, None)
+
+
+def test_without_the_mesh_there_is_no_ingress_count() -> None:
+    assert stack.ingress_requests({"admin": None}) is None
 
 
 def test_the_ray_serve_peer_recorded_cost_is_priced_at_this_runs_price() -> None:
