@@ -64,8 +64,9 @@ def test_up_prints_every_service_and_reports_serving(stack: Stack) -> None:
     assert (stack.log_dir / "gateway.log").exists() and (stack.log_dir / "model-v2.log").exists()
     status = meshserve("status", "--log-dir", str(stack.log_dir))
     assert status.returncode == 0, status.stdout + status.stderr
-    # 7 processes (traces, 3 model replicas, feature, cache, gateway) + the ingress; envoy READY; valkey PONG
-    assert status.stdout.count("SERVING") == 8 and status.stdout.count("READY") == 1
+    # 8 processes (traces, 3 model replicas, feature, cache, the canary's scaler, gateway) + the ingress; envoy READY;
+    # valkey PONG
+    assert status.stdout.count("SERVING") == 9 and status.stdout.count("READY") == 1
     assert status.stdout.count("PONG") == 1 and f"unix:{stack.log_dir}/mesh/admin.sock" in status.stdout
 
 
