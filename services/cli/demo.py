@@ -327,7 +327,7 @@ async def scale_to_zero_demo(autoscaler: Autoscaler, group: ModelGroup, endpoint
     scaler = autoscaler.groups[subset]
     console.rule(f"scale to zero: {subset} sleeps after {window:g} s without demand and wakes on the next request")
     deadline = time.monotonic() + window + 30.0  # the window, then a retire's drain
-    while scaler.current > 0:
+    while scaler.current > 0 or scaler.busy:  # until the last replica has drained and exited
         left = deadline - time.monotonic()
         if left <= 0:
             console.print(f"[yellow]{subset} still at {scaler.current} replicas[/] (autoscale.json)", highlight=False)

@@ -89,6 +89,7 @@ class GroupScaler:
         self.history: deque[Sample] = deque()
         self.metric: str | None = None
         self.problem = ""  # the last failure said (said once until it changes)
+        self.acting: asyncio.Task[None] | None = None  # the step under way
 
     @property
     def subset(self) -> str:
@@ -122,7 +123,6 @@ class GroupScaler:
     async def control_loop(self) -> None:
         """Sample, and decide when no step is under way; a step runs as its own task, so that the sampling goes on
         while replicas start (a gap in the history would make the window look idle)."""
-        acting: asyncio.Task[None] | None = None
         try:
             while True:
                 with contextlib.suppress(TimeoutError):
@@ -133,15 +133,20 @@ class GroupScaler:
                     continue
                 self.history.append(sample)
                 trim(self.history, self.policy.window_s)
-                if acting is not None and not acting.done():
+                if self.busy:
                     continue
                 step = decide(self.current, self.history, self.policy)
                 if step is not None:
-                    acting = asyncio.create_task(self.act(step))
+                    self.acting = asyncio.create_task(self.act(step))
         finally:
-            if acting is not None:
-                acting.cancel()
-                await asyncio.gather(acting, return_exceptions=True)
+            if self.acting is not None:
+                self.acting.cancel()
+                await asyncio.gather(self.acting, return_exceptions=True)
+
+    @property
+    def busy(self) -> bool:
+        """Whether a step is under way (replicas starting, or leaving and draining)."""
+        return self.acting is not None and not self.acting.done()
 
     async def act(self, step: Step) -> None:
         """Apply a step, then wake the loop for the next decision at once."""
@@ -151,6 +156,7 @@ class GroupScaler:
             self.say(f"{type(exc).__name__}: {exc}")
         finally:
             self.wake.set()
+            self.record(None)  # saved, and waiters told that the step is over
 
     async def observe(self) -> Sample | None:
         """The demand now from GetMetrics (the metric's name from GetMetricSpec, asked once per connection); when
@@ -289,10 +295,12 @@ class Autoscaler:
         return self.groups[subset].current
 
     async def wait_for(self, subset: str, done: Callable[[int], bool], timeout_s: float) -> bool:
-        """Until `done(replica count of subset)`; False after `timeout_s`."""
+        """Until `done(replica count of subset)` with no step under way (a replica that leaves has exited);
+        False after `timeout_s`."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
-        while not done(self.current(subset)):
+        group = self.groups[subset]
+        while not done(group.current) or group.busy:
             self.changed.clear()
             left = deadline - loop.time()
             if left <= 0:
