@@ -171,7 +171,12 @@ def route_action(vs: VirtualService, route: HTTPRoute, where: str, known: set[st
         action["weighted_clusters"] = {"clusters": clusters}
     timeout = envoy_duration(parse_duration(route.timeout)) if route.timeout else "0s"
     action["timeout"] = timeout  # Istio: no timeout unless set; a gRPC deadline (grpc-timeout) still applies
+    # With max_stream_duration Envoy ignores `timeout` and bounds the stream instead: by the call's grpc-timeout
+    # capped at the route's timeout, and by the route's timeout alone for a call without a deadline (as Istio's
+    # max_grpc_timeout does); past it the call ends DEADLINE_EXCEEDED (response flag DT).
     action["max_stream_duration"] = {"grpc_timeout_header_max": timeout}
+    if route.timeout:
+        action["max_stream_duration"]["max_stream_duration"] = timeout
     retry = retry_policy(route.retries)
     if retry is not None:
         action["retry_policy"] = retry

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Future
 from typing import Any
@@ -22,13 +23,12 @@ class AioReplica:
     """A grpc.aio server on a free loopback port, run by its own event loop in a daemon thread.
 
     Every unary method (grpc.health.v1 Check included) is answered by `handle(method, request, context)`; requests
-    and responses stay raw bytes. `answered` counts the calls answered, `received` the calls that arrived.
+    and responses stay raw bytes. `received` counts the calls that arrived, by method.
     """
 
     def __init__(self, handle: Handler) -> None:
         self.handle = handle
-        self.received = 0
-        self.answered = 0
+        self.received: Counter[str] = Counter()
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self._thread.start()
@@ -66,10 +66,8 @@ class _Generic(grpc.GenericRpcHandler):
         replica = self.replica
 
         async def unary(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
-            replica.received += 1
-            answer = await replica.handle(method, request, context)
-            replica.answered += 1
-            return answer
+            replica.received[method] += 1
+            return await replica.handle(method, request, context)
 
         return grpc.unary_unary_rpc_method_handler(unary)
 

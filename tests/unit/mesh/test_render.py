@@ -45,7 +45,8 @@ def test_header_match_then_weighted_split() -> None:
 def test_retries_timeouts_and_previous_hosts() -> None:
     route = routes_of([ISTIO])[-1]["route"]
     assert route["timeout"] == "5s"
-    assert route["max_stream_duration"] == {"grpc_timeout_header_max": "5s"}
+    # the call's deadline capped at 5 s, and 5 s for a call without one
+    assert route["max_stream_duration"] == {"grpc_timeout_header_max": "5s", "max_stream_duration": "5s"}
     retry = route["retry_policy"]
     assert retry["retry_on"] == "unavailable,resource-exhausted,cancelled,connect-failure,reset"
     assert retry["num_retries"] == 3

@@ -48,12 +48,27 @@ def test_an_adaptive_refusal_is_resource_exhausted_with_pushback() -> None:
     assert f"retry after {headers['grpc-retry-pushback-ms']} ms" in refusal["body"]["inline_string"]
 
 
+def timeout_mapper(hcm: dict[str, Any]) -> dict[str, Any]:
+    """The mapper of the route's timeout: Envoy's upstream request timeout, or the stream's bound reached."""
+    (found,) = [m for m in hcm["local_reply_config"]["mappers"] if "or_filter" in m["filter"]]
+    either = found["filter"]["or_filter"]["filters"]
+    assert either[0] == {"response_flag_filter": {"flags": ["UT"]}}
+    assert either[1]["extension_filter"]["typed_config"]["expression"] == (
+        "response.code_details == 'max_duration_timeout'"
+    )
+    return found
+
+
 def test_the_route_timeout_is_deadline_exceeded() -> None:
-    timeout = mapper_of(ingress_hcm([ISTIO]), "response_flag_filter", "UT")
+    timeout = timeout_mapper(ingress_hcm([ISTIO]))
     assert added(timeout) == {"grpc-status": "4"}  # not the UNAVAILABLE of Envoy's 504
     assert "did not answer within the call's time" in timeout["body"]["inline_string"]
     short = ingress_hcm([ISTIO, ISTIO / "variants" / "ingress-timeouts-short.yaml"])
-    assert added(mapper_of(short, "response_flag_filter", "UT")) == {"grpc-status": "4"}  # the variant keeps it
+    assert added(timeout_mapper(short)) == {"grpc-status": "4"}  # the variant that replaces ingress-timeouts keeps it
+    # a call without a deadline is bounded by the route's timeout too
+    (ingress,) = routes_of([ISTIO], "ingress")
+    bound = ingress["route"]["max_stream_duration"]
+    assert bound["max_stream_duration"] == bound["grpc_timeout_header_max"] == ingress["route"]["timeout"] != "0s"
 
 
 def model_budget_s() -> float:
@@ -107,3 +122,15 @@ def test_split_local_origin_errors_translate_as_istio_does(write_yaml: Any) -> N
 def test_an_unknown_outlier_field_is_still_an_error(write_yaml: Any) -> None:
     with pytest.raises(MeshConfigError, match=r"outlierDetection\.consecutiveLocalOriginFailure:"):
         outlier(write_yaml, {"consecutiveLocalOriginFailure": 3})  # Envoy's spelling, not Istio's
+
+
+def test_the_off_variant_is_the_shipped_filter_switched_off() -> None:
+    def adaptive(paths: list[Any]) -> dict[str, Any]:
+        (found,) = [f for f in ingress_hcm(paths)["http_filters"] if f["name"] == ADAPTIVE]
+        config: dict[str, Any] = found["typed_config"]
+        return config
+
+    shipped = adaptive([ISTIO])
+    off = adaptive([ISTIO, ISTIO / "variants" / "ingress-adaptive-off.yaml"])
+    assert shipped.pop("enabled")["default_value"] is True and off.pop("enabled")["default_value"] is False
+    assert off == shipped
