@@ -432,7 +432,7 @@ def measure_cpu(stack: RunningStack, traffic: str, c: int, measurement_ms: int, 
     after, elapsed = cpu.snapshot(), time.monotonic() - began
     answers, hits = answers_between(outcomes, gateway_outcomes(state))
     ingress = None if at_ingress is None else (ingress_requests(state) or 0) - at_ingress
-    print(f"    {answers:,} answered OK by the gateways, {ingress if ingress is not None else '-'} at the ingress")
+    print(f"    {answers:,} answered OK by the gateways, {'-' if ingress is None else f'{ingress:,}'} at the ingress")
     seconds = cpu.group_seconds(cpu.spent(before, after), stack_processes(state))
     return CpuCell(traffic, c, r, answers, seconds, elapsed, hits)
 
