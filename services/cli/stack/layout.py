@@ -131,7 +131,7 @@ class StackLayout(BaseModel):
         feature_port, feature_metrics_port = ports.pair(2)
         cache_port, cache_metrics_port = ports.pair(3)
         valkey_port = ports.one(4) if valkey else None
-        scaler_port, scaler_metrics_port = ports.pair(5) if topology.autoscaled else (None, None)
+        scaler_ports = dict(zip(("scaler_port", "scaler_metrics_port"), ports.pair(5), strict=True))
         listen = mesh_ports(ports, admin_socket) if mesh else {}
         traces_port, traces_ui_port, traces_recording_port = trace_ports(ports, tracing_mode) if traces else NO_TRACES
         layout = cls(
@@ -153,8 +153,7 @@ class StackLayout(BaseModel):
             cache_port=cache_port,
             cache_metrics_port=cache_metrics_port,
             valkey_port=valkey_port,
-            scaler_port=scaler_port,
-            scaler_metrics_port=scaler_metrics_port,
+            **(scaler_ports if topology.autoscaled else {}),
             replicas=replicas,
             groups=topology.groups,
             models_dir=(models_dir or default_models_dir()).resolve(),

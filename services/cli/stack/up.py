@@ -123,6 +123,7 @@ class StackRun:
     supervisor: Supervisor | None = None
     mesh: LocalMesh | None = None
     autoscaler: Autoscaler | None = None
+    scaling: asyncio.Task[None] | None = None  # the autoscaler's task
 
     @property
     def state_path(self) -> Path:
@@ -195,7 +196,6 @@ async def run_stack(
     mesh = prepare_mesh(layout, log_dir / MESH_DIR, secrets) if layout.mesh else None
     envoy_command = mesh.envoy.command if mesh is not None else None
     run = StackRun(layout, log_dir, console, secrets, stop, mesh=mesh)
-    scaling: asyncio.Task[None] | None = None
     try:
         run.redis_url = stack_redis_url(layout, secrets, redis_url)
         run.specs = build_specs(layout, run.redis_url, envoy_command, secrets)
@@ -209,7 +209,7 @@ async def run_stack(
         endpoint = await reach_entry(run)
         if endpoint is None:
             return run.exit_code()
-        scaling = start_autoscaler(run, start_timeout_s)  # autoscale.json before stack.json says the stack is up
+        start_autoscaler(run, start_timeout_s)  # autoscale.json before stack.json says the stack is up
         run.save_state()
         announce(run, endpoint, example=demo_s <= 0)
         if demo_s > 0:
@@ -221,25 +221,30 @@ async def run_stack(
         await stop.wait()
         return 0
     finally:
-        console.print("stopping the stack ...")
-        if scaling is not None:
-            scaling.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await scaling
-        if run.supervisor is not None:
-            await run.supervisor.stop()
-        run.state_path.unlink(missing_ok=True)
-        console.print("stopped")
+        await shut_down(run)
 
 
-def start_autoscaler(run: StackRun, start_timeout_s: float) -> asyncio.Task[None] | None:
-    """The autoscaler of the groups that scale, as a task (None when none does): a client of the stack's scaler,
-    adding and retiring replicas through the supervisor and the mesh's endpoints."""
+async def shut_down(run: StackRun) -> None:
+    """The autoscaler first (no replica starts while the stack stops), then every process in reverse order."""
+    run.console.print("stopping the stack ...")
+    if run.scaling is not None:
+        run.scaling.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await run.scaling
+    if run.supervisor is not None:
+        await run.supervisor.stop()
+    run.state_path.unlink(missing_ok=True)
+    run.console.print("stopped")
+
+
+def start_autoscaler(run: StackRun, start_timeout_s: float) -> None:
+    """The autoscaler of the groups that scale, as the task `run.scaling` (none when no group scales): a client of
+    the stack's scaler, adding and retiring replicas through the supervisor and the mesh's endpoints."""
     from services.cli.stack.autoscaler import Autoscaler, StackReplicas
 
     layout = run.layout
     if not layout.autoscaled or run.mesh is None or layout.scaler_port is None:
-        return None
+        return
     control = StackReplicas(run, run.mesh, start_timeout_s)
     run.autoscaler = Autoscaler(layout, control, layout.address(layout.scaler_port), run.log_dir, run.notify)
     for g in layout.autoscaled:
@@ -248,7 +253,7 @@ def start_autoscaler(run: StackRun, start_timeout_s: float) -> asyncio.Task[None
             f"{g.target_per_replica:g} per replica, down after {g.scale_down_window_s:g} s "
             f"(decisions in {run.log_dir / 'autoscale.json'})"
         )
-    return asyncio.create_task(run.autoscaler.run(), name="autoscaler")
+    run.scaling = asyncio.create_task(run.autoscaler.run(), name="autoscaler")
 
 
 def stop_on_signals() -> asyncio.Event:

@@ -85,6 +85,44 @@ def test_status_reads_the_running_stack_and_reports_each_process(
     assert check_all(tmp_path, 8000, Console(record=True, width=200)) == 1
 
 
+def test_status_shows_the_replicas_per_subset_and_the_last_decision(
+    tmp_path: Path, health_server: tuple[str, health.HealthServicer]
+) -> None:
+    from services.cli.stack.autoscaler import AUTOSCALE_FILE
+    from services.cli.stack.scaling import Decision
+    from services.cli.status import replica_rows
+
+    address, servicer = health_server
+    servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    down = f"127.0.0.1:{free_port()}"
+    state = {
+        "services": [
+            {"name": "model-v1-a", "address": address, "pid": 1},
+            {"name": "model-v2", "address": down, "pid": 2},  # spawned by the autoscaler, not SERVING yet
+        ],
+        "groups": [
+            {"subset": "v1", "model": "fraud_mlp", "min": 1, "max": 1, "replicas": ["model-v1-a"]},
+            {"subset": "v2", "model": "fraud_mlp", "min": 0, "max": 1, "replicas": ["model-v2"]},
+        ],
+    }
+    (tmp_path / STATE_FILE).write_text(json.dumps(state))
+    woke = Decision(1_700_000_000.0, "v2", 0, 1, "activated: demand 2").to_dict()
+    scaling = {"groups": {"v2": {"replicas": 0, "running": []}}, "decisions": [woke]}
+    (tmp_path / AUTOSCALE_FILE).write_text(json.dumps(scaling))
+    assert replica_rows(tmp_path) == [
+        ("v1", "1 / 1 / 1", "(fixed)", ""),
+        ("v2", "0 / 0 / 1", "fraud_mlp", "2023-11-14T22:13:20.000+00:00: 0 -> 1 (activated: demand 2)"),
+    ]
+    console = Console(record=True, width=200)
+    assert check_all(tmp_path, 8000, console) == 0  # starting is not failing
+    printed = console.export_text()
+    assert "STARTING" in printed and "model replicas" in printed and "0 / 0 / 1" in printed
+    scaling["groups"]["v2"] = {"replicas": 1, "running": ["model-v2"]}  # counted: now it must serve
+    (tmp_path / AUTOSCALE_FILE).write_text(json.dumps(scaling))
+    console = Console(record=True, width=200)
+    assert check_all(tmp_path, 8000, console) == 1 and "DOWN" in console.export_text()
+
+
 def test_without_a_running_stack_status_checks_the_default_layout(tmp_path: Path) -> None:
     found = {p.name: (p.kind, p.target) for p in targets(tmp_path, 8000)}
     assert found["gateway"] == ("grpc", "127.0.0.1:8000") and found["model-v1-a"] == ("grpc", "127.0.0.1:8001")
