@@ -124,7 +124,8 @@ class OpenLoop:
             reply = await self._call(payload, timeout=self.deadline_s, metadata=self.metadata)
         except grpc.aio.AioRpcError as e:
             elapsed = time.perf_counter() - t
-            outcome = errored(e.code().name, has_pushback(e.trailing_metadata()), elapsed, self.deadline_s)
+            pushback = has_pushback(e.trailing_metadata())
+            outcome = errored(e.code().name, pushback, elapsed, self.deadline_s, e.details() or "")
         else:
             elapsed = time.perf_counter() - t
             outcome, version = read_answer(reply)

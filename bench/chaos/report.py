@@ -3,6 +3,7 @@ merged into bench/results/latest.json."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Sequence
@@ -10,7 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.chaos.phases import Figures, PhaseResult
+from bench.chaos.limits import LimitSample
+from bench.chaos.phases import Figures, Phase, PhaseResult
 from bench.lib import results
 
 PREFIX = "chaos"
@@ -40,6 +42,7 @@ class Run:
     generator: dict[str, Any] = field(default_factory=dict)  # its CPU per request, lag, ...
     stack: dict[str, Any] = field(default_factory=dict)  # how the stack ran: gateway replicas, flags, what it lacked
     took_s: float = 0.0
+    limits: dict[str, list[LimitSample]] = field(default_factory=dict)  # overload phase key -> both limits over time
 
 
 def key(result: PhaseResult) -> str:
@@ -153,6 +156,53 @@ def ramp_rows(run: Run) -> list[list[Any]]:
     ]
 
 
+LIMIT_HEADERS = ["t s", "load", "ingress limit", "minRTT ms", "sample RTT ms", "ingress refused", "gateway limits"]
+
+
+def gateway_cell(gateways: dict[str, dict[str, float]]) -> str:
+    """`gateway 42, gateway-2 40` (one pipeline), `gateway fraud 42 digits 64` (several); `-` where none answered."""
+    parts = []
+    for name, limits in sorted(gateways.items()):
+        if len(limits) == 1:
+            parts.append(f"{name} {next(iter(limits.values())):.0f}")
+        elif limits:
+            parts.append(f"{name} " + " ".join(f"{p} {v:.0f}" for p, v in sorted(limits.items())))
+    return ", ".join(parts) or "-"
+
+
+def limit_rows(phase: Phase, samples: Sequence[LimitSample], every_s: float = 1.0) -> list[list[Any]]:
+    """A row per `every_s` of the phase (its first sample in it): seconds from the phase's start, base or overload,
+    the ingress's limit, its minRTT and sample RTT, the calls it refused since the row before, each gateway's limit."""
+    rows: list[list[Any]] = []
+    last_blocked: int | None = None
+    next_t = phase.start_s
+    start, end = phase.fault_start_s, phase.fault_end_s
+    for s in samples:
+        if s.t_s + 1e-9 < next_t:
+            continue
+        next_t = s.t_s + every_s
+        load = "overload" if start is not None and end is not None and start <= s.t_s < end else "base"
+        refused = None if s.ingress_blocked is None or last_blocked is None else s.ingress_blocked - last_blocked
+        last_blocked = s.ingress_blocked if s.ingress_blocked is not None else last_blocked
+        rows.append(
+            [
+                round(s.t_s - phase.start_s, 1),
+                load,
+                s.ingress_limit,
+                s.ingress_min_rtt_ms,
+                s.ingress_sample_rtt_ms,
+                refused,
+                gateway_cell(s.gateways),
+            ]
+        )
+    return rows
+
+
+def limit_tables(run: Run) -> list[tuple[str, list[list[Any]]]]:
+    """(phase key, its limit rows) of every phase whose limits were sampled."""
+    return [(key(r), limit_rows(r.phase, run.limits[key(r)])) for r in run.phases if key(r) in run.limits]
+
+
 def check_rows(run: Run) -> list[list[Any]]:
     return [[key(r), c.label, c.measured, "PASS" if c.ok else "FAIL"] for r in run.phases for c in r.checks if not c.ok]
 
@@ -168,6 +218,8 @@ def print_report(run: Run) -> None:
     results.print_table(RAMP_HEADERS, ramp_rows(run), title="capacity ramp (open loop, each step its own window)")
     results.print_table(PHASE_HEADERS, phase_rows(run), title="chaos phases (answers by the time they were sent)")
     results.print_table(CAUSE_HEADERS, cause_rows(run), title="by cause and code")
+    for name, rows in limit_tables(run):
+        results.print_table(LIMIT_HEADERS, rows, title=f"concurrency limits over time, {name}")
     missed = check_rows(run)
     if missed:
         results.print_table(["phase", "target", "measured", "result"], missed, title="targets missed")
@@ -197,6 +249,8 @@ def markdown(run: Run) -> str:
         "## By cause and code",
         table(CAUSE_HEADERS, cause_rows(run)),
     ]
+    for name, rows in limit_tables(run):
+        parts += [f"## Concurrency limits over time, {name}", table(LIMIT_HEADERS, rows)]
     missed = check_rows(run)
     parts += ["## Targets missed", table(["phase", "target", "measured", "result"], missed) if missed else "none"]
     return "\n\n".join(parts) + "\n"
@@ -256,6 +310,7 @@ def as_json(run: Run) -> dict[str, Any]:
         "took_s": round(run.took_s, 1),
         "ramp": [{"rate": s.rate, "holds": s.holds, **figures_json(s.figures)} for s in run.ramp],
         "phases": [phase_json(run, r) for r in run.phases],
+        "limits": {name: [dataclasses.asdict(s) for s in samples] for name, samples in run.limits.items()},
     }
 
 

@@ -25,8 +25,10 @@ from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
 from bench.chaos import faults, report
+from bench.chaos.limits import LimitProbe
 from bench.chaos.load import TEMPLATES, OpenLoop, request_templates
 from bench.chaos.phases import (
+    OVERLOAD,
     P99_BOUND_FACTOR,
     QUIET,
     Phase,
@@ -214,7 +216,7 @@ async def find_capacity(load: OpenLoop, args: argparse.Namespace, d: Durations, 
 
 
 async def levels(ctx: Context, cap: float, args: argparse.Namespace, d: Durations, run: report.Run) -> list[Phase]:
-    """At each level's share of `cap`: the quiet phase, then every step of SCRIPT."""
+    """At each level's share of `cap`: the quiet phase, then every step of SCRIPT (those of --steps, if given)."""
     phases: list[Phase] = []
     for level in args.levels:
         ctx.base_rate = level * cap
@@ -224,8 +226,25 @@ async def levels(ctx: Context, cap: float, args: argparse.Namespace, d: Duration
         await asyncio.sleep(d.settle)
         phases.append(await phase(ctx, level, None, d, run))
         for step in SCRIPT:
-            phases.append(await phase(ctx, level, step, d, run))
+            if not args.steps or step.name in args.steps:
+                phases.append(await sampled_phase(ctx, level, step, d, run))
     return phases
+
+
+async def sampled_phase(ctx: Context, level: float, step: Step, d: Durations, run: report.Run) -> Phase:
+    """A phase; in an overload phase both concurrency limits, the ingress's and each gateway's, are sampled
+    throughout (run.limits; the report prints them over time)."""
+    if step.kind != OVERLOAD:
+        return await phase(ctx, level, step, d, run)
+    stop = asyncio.Event()
+    sampler = asyncio.create_task(LimitProbe(ctx.log_dir).sample(ctx.load.now_s, stop))
+    try:
+        result = await phase(ctx, level, step, d, run)
+    finally:
+        stop.set()
+        samples = await sampler
+    run.limits[f"{level:.0%}/{step.name}"] = samples
+    return result
 
 
 def generator_figures(load: OpenLoop, args: argparse.Namespace, cpu: float, wall: float) -> dict[str, str | int]:
@@ -276,6 +295,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
             type=float,
             help=f"seconds (default {default:g}, --quick {getattr(QUICK, name):g})",
         )
+    parser.add_argument(
+        "--steps",
+        nargs="+",
+        choices=[s.name for s in SCRIPT],
+        metavar="STEP",
+        help="run only these steps of each level, after its quiet phase, e.g. --steps 'overload 3x' (default: all)",
+    )
     parser.add_argument("--up-arg", action="append", default=[], help="an extra `meshserve up` argument (repeatable)")
     parser.add_argument("--log-dir", type=Path, help="keep the stack's logs here (default: a temp dir)")
     parser.add_argument("--no-record", action="store_true", help="write no file under bench/results/")
