@@ -8,6 +8,7 @@ import logging
 from services.common.logs import setup_logging
 from services.common.operator_check import OperatorCheck
 from services.common.server import GrpcService
+from services.model.backends import set_torch_threads
 from services.model.cold_start import ColdStartClock
 from services.model.gpu_metrics import register_gpu_metrics
 from services.model.handler import ModelHandler
@@ -44,12 +45,9 @@ def build(settings: ModelSettings) -> tuple[GrpcService, ModelHandler]:
 
 
 async def serve(settings: ModelSettings, clock: ColdStartClock | None = None) -> None:
-    """Build, then serve until SIGTERM (torch's thread count and the GPU gauges are the process's, set first);
-    the clock, if given, records each model's cold start once health says SERVING."""
-    if settings.torch_threads:
-        import torch
-
-        torch.set_num_threads(settings.torch_threads)
+    """Build, then serve until SIGTERM (torch's thread count, applied once torch is imported, and the GPU gauges
+    are the process's, set first); the clock, if given, records each model's cold start once health says SERVING."""
+    set_torch_threads(settings.torch_threads)
     register_gpu_metrics()
     service, handler = build(settings)
 

@@ -168,7 +168,11 @@ def test_a_replica_serving_an_onnx_model_maps_no_torch_and_refuses_the_models_it
     (repo / "unreadable" / "1").mkdir(parents=True)
     (repo / "unreadable" / "config.yaml").write_text("name: [unterminated\n")  # never read by this replica
     serving = model_service(
-        repo, tmp_path / "logs", MESHSERVE_MODEL_SERVE_MODELS='["onnx_mlp"]', MESHSERVE_MODEL_WATCH="false"
+        repo,
+        tmp_path / "logs",
+        MESHSERVE_MODEL_SERVE_MODELS='["onnx_mlp"]',
+        MESHSERVE_MODEL_WATCH="false",
+        MESHSERVE_MODEL_TORCH_THREADS="1",  # as meshserve up sets it: applied only if torch is ever imported
     )
     with serving as service:
         maps = Path(f"/proc/{service.process.pid}/maps").read_text()

@@ -9,6 +9,7 @@ ONNX Runtime or TensorRT.
 from __future__ import annotations
 
 import importlib
+import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -37,6 +38,21 @@ BACKENDS: dict[str, Registration] = {
     "tensorrt": Registration("services.model.backends.tensorrt:TensorRTBackend", "tensorrt_plan", "model.plan"),
 }
 PLATFORMS: dict[str, str] = {registration.platform: name for name, registration in BACKENDS.items()}
+_torch_threads = 0  # the process's torch intra-op thread count (0: torch's own choice), applied on torch's import
+
+
+def set_torch_threads(threads: int) -> None:
+    """Give torch `threads` intra-op threads: now if torch is imported, else when a backend first imports it (a
+    replica that serves no TorchScript model never imports torch: about a second of its cold start)."""
+    global _torch_threads
+    _torch_threads = threads
+    if threads and "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(threads)
+
+
+def torch_threads() -> int:
+    """The count `set_torch_threads` asked for (0: none); the torch backend applies it when it is imported."""
+    return _torch_threads
 
 
 def registered() -> list[str]:

@@ -10,10 +10,13 @@ import ml_dtypes
 import numpy as np
 import torch
 
+from services.model.backends import torch_threads
 from services.model.backends.base import Backend, LoadedModel
 from services.model.config import ModelConfig
 
 log = logging.getLogger(__name__)
+if torch_threads():
+    torch.set_num_threads(torch_threads())
 
 _TORCH_DTYPES: dict[str, torch.dtype] = {
     "BOOL": torch.bool,

@@ -78,3 +78,17 @@ def test_int8_without_calibration_rows_is_refused(tmp_path: Path) -> None:
     cfg = config(version_overrides={2: {"optimization": {"quantization": "int8"}}})
     with pytest.raises(FileNotFoundError, match=r"calibration\.npz not found: quantization int8 on the torchscript"):
         get_backend("torchscript").load(save(tmp_path), cfg, 2)
+
+
+def test_the_process_s_torch_thread_count_applies_to_an_imported_torch() -> None:
+    import torch
+
+    from services.model.backends import set_torch_threads, torch_threads
+
+    before = torch.get_num_threads()
+    try:
+        set_torch_threads(2)
+        assert torch_threads() == 2 and torch.get_num_threads() == 2
+    finally:
+        set_torch_threads(0)
+        torch.set_num_threads(before)
