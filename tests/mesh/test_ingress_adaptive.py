@@ -5,6 +5,7 @@ timeout reaches the client as DEADLINE_EXCEEDED."""
 from __future__ import annotations
 
 import asyncio
+import copy
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -114,14 +115,28 @@ async def hold(method: str, request: bytes, context: grpc.aio.ServicerContext) -
     return SERVING
 
 
-def short_ingress_route(tmp_path: Path) -> Path:
-    """The ingress VirtualService of istio/ with a 300 ms route timeout."""
+PER_TRY = "x-test-per-try"
+
+
+def short_ingress_routes(tmp_path: Path) -> Path:
+    """The ingress VirtualService of istio/ with a 300 ms route timeout; calls with the header PER_TRY take a route
+    of two 200 ms attempts within a 5 s timeout instead."""
     docs = list(yaml.safe_load_all((ISTIO / "virtualservices.yaml").read_text()))
-    (route,) = [d for d in docs if d["metadata"]["name"] == "ingress"]
-    route["spec"]["http"][0]["timeout"] = "300ms"
-    path = tmp_path / "ingress-route.yaml"
-    path.write_text(yaml.safe_dump(route))
+    (service,) = [d for d in docs if d["metadata"]["name"] == "ingress"]
+    (route,) = service["spec"]["http"]
+    route["timeout"] = "300ms"
+    per_try = copy.deepcopy(route)
+    per_try.update(name="per-try", match=[{"headers": {PER_TRY: {"exact": "1"}}}], timeout="5s")
+    per_try["retries"].update(attempts=1, perTryTimeout="200ms")
+    service["spec"]["http"] = [per_try, route]
+    path = tmp_path / "ingress-routes.yaml"
+    path.write_text(yaml.safe_dump(service))
     return path
+
+
+INGRESS_ANSWER = (
+    "meshserve ingress: the gateway did not answer within the call's time (the route's timeout or the call's deadline)"
+)
 
 
 def test_the_route_timeout_reaches_the_client_as_deadline_exceeded(
@@ -129,21 +144,22 @@ def test_the_route_timeout_reaches_the_client_as_deadline_exceeded(
 ) -> None:
     stuck = AioReplica(hold)
     aio_replicas.append(stuck)
-    mesh = make_mesh([], istio=[ISTIO, short_ingress_route(tmp_path)], gateway=stuck.address, authenticate=False)
+    mesh = make_mesh([], istio=[ISTIO, short_ingress_routes(tmp_path)], gateway=stuck.address, authenticate=False)
+    errors: dict[str, Any] = {}
     with grpc.insecure_channel(ingress(mesh)) as channel:
-        with pytest.raises(grpc.RpcError) as failed:
-            channel.unary_unary(INFER)(b"")  # no deadline: the route's timeout ends it
-        with pytest.raises(grpc.RpcError) as capped:
-            channel.unary_unary(INFER)(b"", timeout=10)  # a deadline far off: the route's timeout caps it
-    ingress_answer = (
-        "meshserve ingress: the gateway did not answer within the call's time (the route's timeout or the call's "
-        "deadline)"
-    )
-    error, capped_error = failed.value, capped.value
-    assert isinstance(error, grpc.Call) and isinstance(capped_error, grpc.Call)
-    assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED, error  # not the UNAVAILABLE of Envoy's 504
-    assert error.details() == ingress_answer
-    assert capped_error.code() == grpc.StatusCode.DEADLINE_EXCEEDED, capped_error
-    # Envoy passes the capped deadline on: the gateway's own grpc server may end the call first, as it should
-    assert capped_error.details() in (ingress_answer, "Deadline Exceeded")
-    assert stuck.received[INFER] >= 2  # both reached the gateway, which never answered
+        call = channel.unary_unary(INFER)
+        for name, metadata, timeout in (
+            ("attempts timed out", [(PER_TRY, "1")], None),  # Envoy's 504: its last attempt's time is up
+            ("route timeout", [], None),  # no deadline: the route's timeout bounds the call
+            ("deadline capped", [], 10.0),  # a deadline far off: the route's timeout caps it
+        ):
+            with pytest.raises(grpc.RpcError) as failed:
+                call(b"", metadata=metadata, timeout=timeout)
+            errors[name] = failed.value
+    assert {name: e.code() for name, e in errors.items()} == dict.fromkeys(errors, grpc.StatusCode.DEADLINE_EXCEEDED)
+    assert errors["attempts timed out"].details() == INGRESS_ANSWER  # not the UNAVAILABLE of the 504
+    assert mesh.admin.stat("cluster.outbound|grpc||gateway.upstream_rq_per_try_timeout") >= 2
+    # the stream's bound: Envoy's answer, or the gateway's own where the deadline Envoy passes on ends it first
+    for name in ("route timeout", "deadline capped"):
+        assert errors[name].details() in (INGRESS_ANSWER, "Deadline Exceeded"), name
+    assert stuck.received[INFER] >= 4  # every call reached the gateway, which never answered
