@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import re
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,7 +40,7 @@ def gateway_limits(metrics_text: str) -> dict[str, float]:
     return {pipeline: float(value) for pipeline, value in _GAUGE.findall(metrics_text)}
 
 
-def gateway_metrics_urls(state: dict[str, object]) -> dict[str, str]:
+def gateway_metrics_urls(state: Mapping[str, object]) -> dict[str, str]:
     """Gateway process name -> its /metrics URL, from stack.json's services."""
     out: dict[str, str] = {}
     services = state.get("services")
