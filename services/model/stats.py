@@ -172,21 +172,36 @@ class StatsCollector(Collector):
         )
         pending = GaugeMetricFamily("meshserve_model_pending_requests", "Requests queued or computing.", labels=_LABELS)
         histograms = [
-            (HistogramMetricFamily(name, text, labels=_LABELS), attr)
-            for name, text, attr in (
-                (
+            (
+                HistogramMetricFamily(
                     "meshserve_model_request_duration_seconds",
                     "Inference request time inside the model service.",
-                    "request_s",
+                    labels=_LABELS,
                 ),
-                ("meshserve_model_queue_duration_seconds", "Time a request waited in the batch queue.", "queue_s"),
-                (
+                "request_s",
+            ),
+            (
+                HistogramMetricFamily(
+                    "meshserve_model_queue_duration_seconds",
+                    "Time a request waited in the batch queue.",
+                    labels=_LABELS,
+                ),
+                "queue_s",
+            ),
+            (
+                HistogramMetricFamily(
                     "meshserve_model_compute_duration_seconds",
                     "Time of one batched forward pass (input gather included).",
-                    "compute_s",
+                    labels=_LABELS,
                 ),
-                ("meshserve_model_batch_size", "Rows per executed batch (before padding).", "batch_rows"),
-            )
+                "compute_s",
+            ),
+            (
+                HistogramMetricFamily(
+                    "meshserve_model_batch_size", "Rows per executed batch (before padding).", labels=_LABELS
+                ),
+                "batch_rows",
+            ),
         ]
         for labels, stats in live:
             requests.add_metric([*labels, "OK"], stats.success.count)
