@@ -1,4 +1,5 @@
-"""A small client of Envoy's admin interface (host:port or a Unix socket): readiness, stats, hosts, route versions."""
+"""A small client of Envoy's admin interface (host:port or a Unix socket): readiness, stats, hosts, route versions,
+runtime values."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 import socket
 import urllib.error
 import urllib.parse
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -47,9 +49,12 @@ class EnvoyAdmin:
 
     def get(self, path: str) -> str:
         """The body of GET `path`; urllib.error.HTTPError (an OSError) unless Envoy answers 200."""
+        return self._request("GET", path)
+
+    def _request(self, method: str, path: str) -> str:
         connection = self._connection()
         try:
-            connection.request("GET", path)
+            connection.request(method, path)
             response = connection.getresponse()
             body = response.read().decode()
         except http.client.HTTPException as exc:
@@ -59,6 +64,13 @@ class EnvoyAdmin:
         if response.status != 200:
             raise urllib.error.HTTPError(f"{self.address}{path}", response.status, body[:200], response.headers, None)
         return body
+
+    def set_runtime(self, values: Mapping[str, str]) -> None:
+        """Sets runtime keys in Envoy's admin layer (POST /runtime_modify), live: e.g. a RuntimeFeatureFlag's key to
+        "true" or "false". urllib.error.HTTPError (an OSError) unless Envoy answers 200, as where its bootstrap's
+        layered runtime has no admin layer."""
+        if values:
+            self._request("POST", f"/runtime_modify?{urllib.parse.urlencode(dict(values))}")
 
     def ready(self) -> bool:
         try:

@@ -114,8 +114,10 @@ def render(
         "admin": {"address": admin_address(topology.admin)},
         "static_resources": {"listeners": listeners, "clusters": render_clusters(istio, topology, endpoints_dir)},
     }
-    if traced:
-        bootstrap["layered_runtime"] = {"layers": [{"name": "tracer", "static_layer": tracer_runtime()}]}
+    layers = [{"name": "tracer", "static_layer": tracer_runtime()}] if traced else []
+    # last, so it overrides the others: runtime keys set live through the admin's POST /runtime_modify (as Istio's
+    # bootstrap has it), e.g. the RuntimeFeatureFlag that turns the ingress's adaptive concurrency limit on
+    bootstrap["layered_runtime"] = {"layers": [*layers, {"name": "admin", "admin_layer": {}}]}
     return Rendered(bootstrap, render_routes(istio, topology, weights), render_endpoints(istio, topology))
 
 

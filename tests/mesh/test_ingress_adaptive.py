@@ -1,6 +1,7 @@
-"""The ingress's adaptive concurrency limit and its timeouts through the real Envoy: past what a slow gateway serves
-it refuses at once as RESOURCE_EXHAUSTED with a pushback, and admits again once the overload is over; the route
-timeout reaches the client as DEADLINE_EXCEEDED."""
+"""The ingress's adaptive concurrency limit and its timeouts through the real Envoy: shipped off, it passes every call;
+on (istio/variants/ingress-adaptive-on.yaml, or its runtime key set live through the admin interface), past what a
+slow gateway serves it refuses at once as RESOURCE_EXHAUSTED with a pushback, and admits again once the overload is
+over; the route timeout reaches the client as DEADLINE_EXCEEDED."""
 
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ from tests.mesh.conftest import ISTIO, MeshFactory
 from tests.mesh.fakes import INFER
 
 CONTROLLER = "http.ingress.adaptive_concurrency.gradient_controller."
+ON = ISTIO / "variants" / "ingress-adaptive-on.yaml"
+FLAG = "meshserve.ingress.adaptive_concurrency_enabled"
 PUSHBACK_MS = "50"
 REFUSAL = (
     "meshserve ingress: more requests in flight than the gateways serve at their healthy latency "
@@ -82,7 +85,7 @@ def test_past_what_the_gateways_serve_the_ingress_refuses_with_pushback_and_admi
 ) -> None:
     slow = AioReplica(Capacity(slots=2, service_s=0.05))  # 40 calls/s at best; queues past 2 in flight
     aio_replicas.append(slow)
-    mesh = make_mesh([], gateway=slow.address, authenticate=False)
+    mesh = make_mesh([], istio=[ISTIO, ON], gateway=slow.address, authenticate=False)
     address = ingress(mesh)
     # the controller's first minRTT: 50 calls at light load
     assert all(code == grpc.StatusCode.OK for code, _, _ in asyncio.run(closed_loop(address, 2, 1.5)))
@@ -106,6 +109,35 @@ def test_past_what_the_gateways_serve_the_ingress_refuses_with_pushback_and_admi
         assert all(code == grpc.StatusCode.OK for code, _, _ in asyncio.run(closed_loop(address, 2, 0.3)))
     burst = asyncio.run(closed_loop(address, 16, 0.5))
     assert Counter(code for code, _, _ in burst) == Counter({grpc.StatusCode.OK: len(burst)})
+
+
+def codes_of(outcomes: list[Outcome]) -> Counter[grpc.StatusCode]:
+    return Counter(code for code, _, _ in outcomes)
+
+
+def test_shipped_off_the_filter_passes_every_call_until_its_runtime_key_turns_it_on_live(
+    make_mesh: MeshFactory, aio_replicas: list[AioReplica]
+) -> None:
+    slow = AioReplica(Capacity(slots=2, service_s=0.05))
+    aio_replicas.append(slow)
+    mesh = make_mesh([], gateway=slow.address, authenticate=False)  # istio/ as shipped
+    address = ingress(mesh)
+    # off: 48 callers queue at the gateway (latency ~1.2 s, ~24x the light one) and nothing is refused or measured
+    assert set(codes_of(asyncio.run(closed_loop(address, 48, 1.5)))) == {grpc.StatusCode.OK}
+    assert controller(mesh, "rq_blocked") == 0 and controller(mesh, "min_rtt_calculation_active") == 1
+
+    mesh.admin.set_runtime({FLAG: "true"})  # on, live: it measures the minRTT over the next calls, then limits
+    assert set(codes_of(asyncio.run(closed_loop(address, 2, 1.5)))) == {grpc.StatusCode.OK}
+    wait_for("the minRTT measured", lambda: controller(mesh, "min_rtt_calculation_active") == 0)
+    overload = asyncio.run(closed_loop(address, 48, 2.0))
+    assert set(codes_of(overload)) == {grpc.StatusCode.OK, grpc.StatusCode.RESOURCE_EXHAUSTED}, codes_of(overload)
+    assert all(d == REFUSAL for code, _, d in overload if code != grpc.StatusCode.OK)  # the same mapped refusal
+    blocked = controller(mesh, "rq_blocked")
+    assert blocked == codes_of(overload)[grpc.StatusCode.RESOURCE_EXHAUSTED]
+
+    mesh.admin.set_runtime({FLAG: "false"})  # off again: the same overload passes
+    assert set(codes_of(asyncio.run(closed_loop(address, 48, 1.5)))) == {grpc.StatusCode.OK}
+    assert controller(mesh, "rq_blocked") == blocked
 
 
 async def hold(method: str, request: bytes, context: grpc.aio.ServicerContext) -> bytes:

@@ -104,9 +104,9 @@ def test_past_the_in_flight_bound_the_ingress_refuses_at_once_with_pushback(
     bound = in_flight_bound()
     hold = Hold()
     slow = start(fakes, FakeReplica(hold, workers=bound + 4))  # health checks still answered while calls are held
-    # the adaptive limit off: it would refuse first (tests/mesh/test_ingress_adaptive.py), this is the outer bound
-    off = ISTIO / "variants" / "ingress-adaptive-off.yaml"
-    mesh = make_mesh([], istio=[ISTIO, off], gateway=slow.address, jwks=issuer.topology_jwks)
+    # istio/ as shipped: its adaptive limit is off (on, it would refuse first: tests/mesh/test_ingress_adaptive.py),
+    # so this is the outer bound on its own
+    mesh = make_mesh([], gateway=slow.address, jwks=issuer.topology_jwks)
     metadata = [issuer.bearer("alice")]
     with grpc.insecure_channel(ingress(mesh)) as channel:
         call = channel.unary_unary(INFER)

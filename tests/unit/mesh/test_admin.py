@@ -7,6 +7,8 @@ import shutil
 import socketserver
 import tempfile
 import threading
+import urllib.error
+import urllib.parse
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -33,6 +35,8 @@ ROUTES = {"configs": [{"version_info": "42", "route_config": {"name": "outbound_
 
 class FakeAdmin(BaseHTTPRequestHandler):
     paths: list[str] = []
+    runtime: dict[str, str] = {}
+    admin_layer = True  # Envoy answers 503 to /runtime_modify where its layered runtime has no admin layer
 
     def do_GET(self) -> None:
         FakeAdmin.paths.append(self.path)
@@ -43,6 +47,20 @@ class FakeAdmin(BaseHTTPRequestHandler):
         self.send_response(200 if body is not None else 404)
         self.end_headers()
         self.wfile.write((body or "").encode())
+
+    def do_POST(self) -> None:
+        """/runtime_modify as Envoy's admin layer takes it: the query's keys and values (the body is not read)."""
+        FakeAdmin.paths.append(self.path)
+        path, _, query = self.path.partition("?")
+        status, body = 404, b"invalid path\n"
+        if path == "/runtime_modify" and not FakeAdmin.admin_layer:
+            status, body = 503, b"No admin layer specified\n"
+        elif path == "/runtime_modify":
+            FakeAdmin.runtime.update(urllib.parse.parse_qsl(query, keep_blank_values=True))
+            status, body = 200, b"OK\n"
+        self.send_response(status)
+        self.end_headers()
+        self.wfile.write(body)
 
     def log_message(self, *args: object) -> None:
         pass
@@ -70,6 +88,29 @@ def test_ready_stats_hosts_and_route_versions(admin: EnvoyAdmin) -> None:
         "127.0.0.1:8011": {"health_flags": "/failed_outlier_check"},
     }
     assert admin.route_versions() == {"outbound_model": "42"}
+
+
+def test_runtime_values_are_posted_to_the_admin_layer(admin: EnvoyAdmin) -> None:
+    FakeAdmin.runtime.clear()
+    admin.set_runtime({"meshserve.ingress.adaptive_concurrency_enabled": "true", "a.b": "x y&z"})
+    assert FakeAdmin.paths[-1] == "/runtime_modify?meshserve.ingress.adaptive_concurrency_enabled=true&a.b=x+y%26z"
+    assert FakeAdmin.runtime == {"meshserve.ingress.adaptive_concurrency_enabled": "true", "a.b": "x y&z"}
+    calls = len(FakeAdmin.paths)
+    admin.set_runtime({})  # nothing to set: no call
+    assert len(FakeAdmin.paths) == calls
+
+
+def test_a_runtime_change_envoy_refuses_raises(admin: EnvoyAdmin) -> None:
+    FakeAdmin.runtime.clear()
+    FakeAdmin.admin_layer = False
+    try:
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            admin.set_runtime({"a": "1"})
+    finally:
+        FakeAdmin.admin_layer = True
+    assert refused.value.code == 503 and FakeAdmin.runtime == {}
+    with pytest.raises(OSError):  # nobody answers
+        EnvoyAdmin(f"127.0.0.1:{free_port()}", timeout=0.5).set_runtime({"a": "1"})
 
 
 def test_an_admin_nobody_answers_is_not_ready() -> None:

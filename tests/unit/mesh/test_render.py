@@ -297,11 +297,15 @@ def test_tracing_with_a_collector() -> None:
     assert "http2_protocol_options" in str(otlp["typed_extension_protocol_options"])
 
 
-def test_envoys_tracer_flushes_on_a_timer_only_when_it_traces() -> None:
+def test_envoys_tracer_flushes_on_a_timer_only_when_it_traces_and_runtime_keys_are_settable_live() -> None:
+    """An admin layer, last, in every bootstrap: without one Envoy answers /runtime_modify 503 and the ingress's
+    adaptive concurrency limit, shipped off, could not be turned on live."""
     traced = rendered([ISTIO], otlp="127.0.0.1:4317").bootstrap
-    (layer,) = traced["layered_runtime"]["layers"]
+    layer, admin = traced["layered_runtime"]["layers"]
     assert layer["static_layer"] == {
         "tracing.opentelemetry.flush_interval_ms": 500,
         "tracing.opentelemetry.min_flush_spans": 10_000,
     }
-    assert "layered_runtime" not in rendered([ISTIO]).bootstrap  # no collector, no tracer
+    assert admin == {"name": "admin", "admin_layer": {}}  # last: what /runtime_modify sets overrides the tracer's
+    untraced = rendered([ISTIO]).bootstrap["layered_runtime"]["layers"]
+    assert untraced == [admin]  # no collector, no tracer; the admin layer still there

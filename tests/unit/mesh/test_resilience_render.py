@@ -1,6 +1,6 @@
-"""What istio/ renders for overload and gray failures: the ingress's adaptive concurrency limit and its refusal, the
-route timeout as DEADLINE_EXCEEDED, per-try timeouts that fit the gateway's model budget, and outlier detection that
-counts timeouts (with Istio's translation of splitExternalLocalOriginErrors)."""
+"""What istio/ renders for overload and gray failures: the ingress's adaptive concurrency limit (shipped off) and its
+refusal, the route timeout as DEADLINE_EXCEEDED, per-try timeouts that fit the gateway's model budget, and outlier
+detection that counts timeouts (with Istio's translation of splitExternalLocalOriginErrors)."""
 
 from __future__ import annotations
 
@@ -124,13 +124,23 @@ def test_an_unknown_outlier_field_is_still_an_error(write_yaml: Any) -> None:
         outlier(write_yaml, {"consecutiveLocalOriginFailure": 3})  # Envoy's spelling, not Istio's
 
 
-def test_the_off_variant_is_the_shipped_filter_switched_off() -> None:
+def test_the_filter_ships_off_and_the_on_variant_is_the_same_filter_switched_on() -> None:
+    """Off by default (closed-loop benchmarks and scale-to-zero cold starts read as overload), on where an operator
+    asks: live through its runtime key, or with the variant."""
+
     def adaptive(paths: list[Any]) -> dict[str, Any]:
         (found,) = [f for f in ingress_hcm(paths)["http_filters"] if f["name"] == ADAPTIVE]
         config: dict[str, Any] = found["typed_config"]
         return config
 
     shipped = adaptive([ISTIO])
-    off = adaptive([ISTIO, ISTIO / "variants" / "ingress-adaptive-off.yaml"])
-    assert shipped.pop("enabled")["default_value"] is True and off.pop("enabled")["default_value"] is False
-    assert off == shipped
+    on = adaptive([ISTIO, ISTIO / "variants" / "ingress-adaptive-on.yaml"])
+    flag = {"runtime_key": "meshserve.ingress.adaptive_concurrency_enabled"}  # what `runtime_modify` turns on
+    assert shipped.pop("enabled") == {**flag, "default_value": False}
+    assert on.pop("enabled") == {**flag, "default_value": True}
+    assert on == shipped
+    # the refusal's mapping is there either way, so a filter turned on live answers RESOURCE_EXHAUSTED too
+    variant = ingress_hcm([ISTIO, ISTIO / "variants" / "ingress-adaptive-on.yaml"])
+    assert mapper_of(variant, "extension_filter", "reached_concurrency_limit") == mapper_of(
+        ingress_hcm([ISTIO]), "extension_filter", "reached_concurrency_limit"
+    )
