@@ -1,11 +1,13 @@
 """The two concurrency limits an overload meets, sampled over time from a running `meshserve up`: the ingress's
-adaptive limit (Envoy's gradient controller, from its admin /stats) and each gateway's own adaptive limit (its
-meshserve_gateway_concurrency_limit gauge on its /metrics port)."""
+adaptive limit (Envoy's gradient controller, from its admin /stats; shipped off, switched on for an overload phase
+through Envoy's admin runtime) and each gateway's own adaptive limit (its meshserve_gateway_concurrency_limit gauge on
+its /metrics port)."""
 
 from __future__ import annotations
 
 import asyncio
 import re
+import time
 import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -17,6 +19,9 @@ CONTROLLER = "http.ingress.adaptive_concurrency.gradient_controller."
 GATEWAY_LIMIT = "meshserve_gateway_concurrency_limit"
 _GAUGE = re.compile(rf'^{GATEWAY_LIMIT}\{{[^}}]*pipeline="([^"]*)"[^}}]*\}}\s+(\S+)$', re.MULTILINE)
 SAMPLE_EVERY_S = 0.5
+# The RuntimeFeatureFlag of istio/envoyfilters.yaml's `ingress-adaptive-concurrency` (default false: shipped off).
+ADAPTIVE_FLAG = "meshserve.ingress.adaptive_concurrency_enabled"
+MIN_RTT_WAIT_S = 10.0  # turned on, the controller first measures its minRTT over 50 calls at the load running then
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,14 +77,42 @@ class LimitProbe:
         self.gateways = gateway_metrics_urls(state)
         self.fetch = fetch
 
+    def switch_ingress_limit(self, on: bool, min_rtt_wait_s: float = MIN_RTT_WAIT_S) -> str:
+        """Turns the ingress's adaptive concurrency limit on or off (ADAPTIVE_FLAG through Envoy's admin runtime,
+        live); turned on, waits up to `min_rtt_wait_s` for the minRTT it measures first. What was done, for the
+        report; never raises."""
+        state = "on" if on else "off"
+        if self.admin is None:
+            return f"ingress adaptive limit not turned {state}: no Envoy admin in stack.json"
+        try:
+            self.admin.set_runtime({ADAPTIVE_FLAG: "true" if on else "false"})
+        except OSError as e:
+            return f"ingress adaptive limit not turned {state}: {e}"
+        if not on:
+            return "ingress adaptive limit off"
+        started = time.monotonic()
+        while True:
+            stats = self._controller_stats()
+            measured = stats.get(CONTROLLER + "min_rtt_calculation_active") == 0
+            waited = time.monotonic() - started
+            if measured or waited >= min_rtt_wait_s:
+                break
+            time.sleep(0.1)
+        if not measured:
+            return f"ingress adaptive limit on (its minRTT not measured within {min_rtt_wait_s:g} s)"
+        return f"ingress adaptive limit on (minRTT {stats.get(CONTROLLER + 'min_rtt_msecs')} ms after {waited:.1f} s)"
+
+    def _controller_stats(self) -> dict[str, int]:
+        if self.admin is None:
+            return {}
+        try:
+            return self.admin.stats(re.escape(CONTROLLER))
+        except OSError:
+            return {}
+
     def read(self, t_s: float) -> LimitSample:
         """One sample, stamped `t_s`; what does not answer is left empty, never raised."""
-        stats: dict[str, int] = {}
-        if self.admin is not None:
-            try:
-                stats = self.admin.stats(re.escape(CONTROLLER))
-            except OSError:
-                stats = {}
+        stats = self._controller_stats()
         gateways: dict[str, dict[str, float]] = {}
         for name, url in self.gateways.items():
             try:

@@ -5,9 +5,10 @@ targets (bench.chaos.phases).
 The sequence at each level (bench.chaos.script): quiet; SIGKILL a model replica; SIGSTOP another for 10 s; SIGKILL
 Valkey; SIGSTOP the feature service for 10 s; SIGKILL the cache service; SIGKILL a gateway; a new model version
 hot-loaded; the canary shifted 10 -> 50 -> 100% then rolled back; 3x capacity for 30 s. Each phase keeps the base load
-running long enough after its fault to see recovery. The stack is `meshserve up` on free ports with its own log dir
-and a private copy of the model repository; the canary replica's pins are widened so the hot-loaded version is served
-(bench.chaos.stack).
+running long enough after its fault to see recovery. The ingress's adaptive concurrency limit, shipped off, is turned
+on through Envoy's admin runtime for each overload phase and off after it, so the run still measures it. The stack is
+`meshserve up` on free ports with its own log dir and a private copy of the model repository; the canary replica's
+pins are widened so the hot-loaded version is served (bench.chaos.stack).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
 from bench.chaos import faults, report
-from bench.chaos.limits import LimitProbe
+from bench.chaos.limits import ADAPTIVE_FLAG, LimitProbe
 from bench.chaos.load import TEMPLATES, OpenLoop, request_templates
 from bench.chaos.phases import (
     OVERLOAD,
@@ -47,6 +48,10 @@ from bench.lib.serving import ROOT, ServerStartError
 COMMAND = "python -m bench.chaos"
 GATEWAY_REPLICAS = 2
 RAMP_LEAST_REQUESTS = 300
+INGRESS_LIMIT = (
+    f"off as shipped; on through Envoy's admin runtime ({ADAPTIVE_FLAG}=true) for each overload phase, from before "
+    "its lead (its minRTT measured at the base load), off after it"
+)
 
 
 class Clock:
@@ -232,18 +237,27 @@ async def levels(ctx: Context, cap: float, args: argparse.Namespace, d: Duration
 
 
 async def sampled_phase(ctx: Context, level: float, step: Step, d: Durations, run: report.Run) -> Phase:
-    """A phase; in an overload phase both concurrency limits, the ingress's and each gateway's, are sampled
-    throughout (run.limits; the report prints them over time)."""
+    """A phase; an overload phase with the ingress's adaptive concurrency limit (shipped off) turned on through
+    Envoy's admin runtime before it starts (its minRTT measured at the base load) and off after it, and both
+    concurrency limits, the ingress's and each gateway's, sampled throughout (run.limits; the report prints them
+    over time; run.faults says how the switch went)."""
     if step.kind != OVERLOAD:
         return await phase(ctx, level, step, d, run)
+    probe = LimitProbe(ctx.log_dir)
+    switched = [await asyncio.to_thread(probe.switch_ingress_limit, True)]
+    print(f"  {switched[0]}", flush=True)
     stop = asyncio.Event()
-    sampler = asyncio.create_task(LimitProbe(ctx.log_dir).sample(ctx.load.now_s, stop))
+    sampler = asyncio.create_task(probe.sample(ctx.load.now_s, stop))
     try:
         result = await phase(ctx, level, step, d, run)
     finally:
         stop.set()
         samples = await sampler
-    run.limits[f"{level:.0%}/{step.name}"] = samples
+        switched.append(await asyncio.to_thread(probe.switch_ingress_limit, False))
+        print(f"  {switched[-1]}", flush=True)
+    k = f"{level:.0%}/{step.name}"
+    run.limits[k] = samples
+    run.faults[k] = "; ".join([switched[0], *filter(None, [run.faults.get(k)]), switched[-1]])
     return result
 
 
@@ -324,6 +338,8 @@ def main(argv: list[str] | None = None) -> int:
         models_dir = copy_models(tmp / "models")
         up_args, run.stack = stack_arguments(tmp, models_dir, args.gateway_replicas, args.secure)
         print(f"meshserve up {' '.join(up_args + args.up_arg)} (logs {log_dir})", flush=True)
+        run.stack["ingress adaptive limit"] = INGRESS_LIMIT
+        print(f"ingress adaptive concurrency limit: {INGRESS_LIMIT}", flush=True)
         try:
             with local_stack(log_dir, [*up_args, *args.up_arg]) as stack:
                 print(f"  ingress {stack.ingress}", flush=True)

@@ -1,12 +1,15 @@
 """bench.chaos.limits and its report: both concurrency limits read from a running stack (Envoy's admin /stats, each
-gateway's /metrics), tolerant of what does not answer, printed over the overload phase; the ingress's own refusals
-told from the gateways'; --steps runs a part of the script."""
+gateway's /metrics), tolerant of what does not answer, printed over the overload phase; the ingress's limit, shipped
+off, turned on through Envoy's admin runtime for the overload phase alone; the ingress's own refusals told from the
+gateways'; --steps runs a part of the script."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import threading
+import time
+import urllib.parse
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -15,9 +18,17 @@ import pytest
 
 from bench.chaos import report
 from bench.chaos import run as chaos
-from bench.chaos.limits import CONTROLLER, LimitProbe, LimitSample, gateway_limits, gateway_metrics_urls
+from bench.chaos.limits import (
+    ADAPTIVE_FLAG,
+    CONTROLLER,
+    LimitProbe,
+    LimitSample,
+    gateway_limits,
+    gateway_metrics_urls,
+)
 from bench.chaos.outcomes import REFUSED, Outcome, errored
 from bench.chaos.phases import OVERLOAD, Phase
+from bench.chaos.script import SCRIPT, Context, Durations
 
 STATS = "\n".join(
     [
@@ -36,11 +47,26 @@ meshserve_gateway_inflight{pipeline="fraud"} 3.0
 
 
 class _Admin(BaseHTTPRequestHandler):
+    """Envoy's admin as the chaos run uses it: /stats, and /runtime_modify into an admin layer; the controller has
+    measured its minRTT once the flag is on (with `measures`)."""
+
+    runtime: dict[str, str] = {}
+    measures = True
+
     def do_GET(self) -> None:
-        body = STATS.encode() if self.path.startswith("/stats") else b""
+        on = _Admin.runtime.get(ADAPTIVE_FLAG) == "true"
+        active = f"\n{CONTROLLER}min_rtt_calculation_active: {0 if on and _Admin.measures else 1}"
+        body = (STATS + active).encode() if self.path.startswith("/stats") else b""
         self.send_response(200 if body else 404)
         self.end_headers()
         self.wfile.write(body)
+
+    def do_POST(self) -> None:
+        path, _, query = self.path.partition("?")
+        if path == "/runtime_modify":
+            _Admin.runtime.update(urllib.parse.parse_qsl(query))
+        self.send_response(200 if path == "/runtime_modify" else 404)
+        self.end_headers()
 
     def log_message(self, *args: object) -> None:
         pass
@@ -48,6 +74,8 @@ class _Admin(BaseHTTPRequestHandler):
 
 @pytest.fixture()
 def admin() -> Iterator[str]:
+    _Admin.runtime = {}
+    _Admin.measures = True
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Admin)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -86,6 +114,56 @@ def test_a_probe_of_a_stack_without_envoy_or_state_samples_nothing_and_never_rai
     assert LimitProbe(tmp_path).read(1.0) == LimitSample(1.0)  # no stack.json
     sample = LimitProbe(stack_json(tmp_path, "127.0.0.1:1"), lambda url: "").read(2.0)  # nothing listens on :1
     assert sample.ingress_limit is None and sample.gateways == {"gateway": {}, "gateway-2": {}}
+
+
+def test_the_ingress_limit_is_switched_through_the_admin_runtime(tmp_path: Path, admin: str) -> None:
+    probe = LimitProbe(stack_json(tmp_path, admin))
+    assert probe.switch_ingress_limit(True).startswith("ingress adaptive limit on (minRTT 21 ms after ")
+    assert _Admin.runtime == {ADAPTIVE_FLAG: "true"}
+    assert probe.switch_ingress_limit(False) == "ingress adaptive limit off"
+    assert _Admin.runtime == {ADAPTIVE_FLAG: "false"}
+    _Admin.measures = False  # on, but no minRTT yet (too few calls): said, not waited for past the bound
+    said = probe.switch_ingress_limit(True, min_rtt_wait_s=0.2)
+    assert said == "ingress adaptive limit on (its minRTT not measured within 0.2 s)" and _Admin.runtime[ADAPTIVE_FLAG]
+
+
+def test_a_switch_that_cannot_be_made_is_said_never_raised(tmp_path: Path) -> None:
+    assert LimitProbe(tmp_path).switch_ingress_limit(True) == (
+        "ingress adaptive limit not turned on: no Envoy admin in stack.json"
+    )
+    said = LimitProbe(stack_json(tmp_path, "127.0.0.1:1")).switch_ingress_limit(False)  # nothing listens on :1
+    assert said.startswith("ingress adaptive limit not turned off: ")
+
+
+class _Load:
+    """What a phase uses of the open-loop load: its clock, its rate (noting the ingress flag at each change)."""
+
+    def __init__(self) -> None:
+        self.origin = time.perf_counter()
+        self.samples: list[object] = []
+        self.rates: list[tuple[float, str | None]] = []
+
+    def now_s(self) -> float:
+        return time.perf_counter() - self.origin
+
+    def set_rate(self, rate: float) -> None:
+        self.rates.append((rate, _Admin.runtime.get(ADAPTIVE_FLAG)))
+
+
+def test_the_overload_phase_runs_with_the_ingress_limit_on_and_leaves_it_off(tmp_path: Path, admin: str) -> None:
+    load = _Load()
+    ctx = Context(stack_json(tmp_path, admin), 0, tmp_path, load, base_rate=10.0, overload_rate=30.0)  # type: ignore[arg-type]
+    (overload,) = [s for s in SCRIPT if s.kind == OVERLOAD]
+    run = report.Run("", "", True, None, "", None, [], [])
+    d = Durations(lead=0.01, tail=0.01, overload=0.3)
+    phase = asyncio.run(chaos.sampled_phase(ctx, 0.5, overload, d, run))
+    assert phase.kind == OVERLOAD
+    assert load.rates == [(30.0, "true"), (10.0, "true")]  # the overload and the way back, both with the limit on
+    assert _Admin.runtime == {ADAPTIVE_FLAG: "false"}  # off after the phase
+    said = run.faults["50%/overload 3x"]
+    assert said.startswith("ingress adaptive limit on (minRTT 21 ms") and said.endswith("; ingress adaptive limit off")
+    assert "30 req/s; back to 10 req/s" in said
+    assert run.limits["50%/overload 3x"] and run.limits["50%/overload 3x"][0].ingress_limit == 12
 
 
 def test_sampling_runs_until_stopped(tmp_path: Path) -> None:
