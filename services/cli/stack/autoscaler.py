@@ -37,6 +37,14 @@ CHANNEL_OPTIONS = [
 ]
 
 
+async def wait_event(event: asyncio.Event, timeout_s: float) -> None:
+    """Until `event` is set or `timeout_s` passes. Not asyncio.wait_for: on Python 3.11 it drops a cancellation that
+    arrives as the event is set, and the autoscaler, cancelled at that moment, then slept on for a whole poll."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(timeout_s):
+            await event.wait()
+
+
 class ReplicaControl(Protocol):
     """What the autoscaler does to a replica: `StackReplicas` with processes and Envoy; a test's stand-in without."""
 
@@ -125,8 +133,7 @@ class GroupScaler:
         while replicas start (a gap in the history would make the window look idle)."""
         try:
             while True:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.wake.wait(), self.poll_s)
+                await wait_event(self.wake, self.poll_s)
                 self.wake.clear()
                 sample = await self.observe()
                 if sample is None:
@@ -305,8 +312,7 @@ class Autoscaler:
             left = deadline - loop.time()
             if left <= 0:
                 return False
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.changed.wait(), left)
+            await wait_event(self.changed, left)
         return True
 
     def snapshot(self) -> dict[str, Any]:
