@@ -51,7 +51,7 @@ class Schedule:
 
     low_rate: float = 20.0
     high_rate: float = 150.0
-    burst: int = 100
+    burst: int = 60
     zero_s: float = 5.0
     low_s: float = 15.0
     high_s: float = 20.0
@@ -68,7 +68,7 @@ class Schedule:
 HELP = {
     "low_rate": "requests/s of the low phases",
     "high_rate": "requests/s of the high phase",
-    "burst": "requests sent at once in the burst",
+    "burst": "requests sent at once in the burst (the ingress admits 64 in flight: the gateway DestinationRule)",
     "zero_s": "the first phase, without load (the elastic group asleep at zero)",
     "low_s": "each low phase",
     "high_s": "the high phase",

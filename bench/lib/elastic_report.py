@@ -3,6 +3,7 @@ what the model replicas used and cost, the probes, the targets) and its figures 
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -13,7 +14,14 @@ from bench.chaos.phases import Sample, percentile
 from bench.lib import cpu, results
 from bench.lib.elastic_targets import Measured, Probe, Target, rows, targets
 from bench.lib.load_phases import Phase, PhaseFigures, account_all, failed_text, p99_of, up_steps
-from bench.lib.replica_usage import Snapshot, cpu_seconds, memory_gib_seconds, most_alive, process_seconds
+from bench.lib.replica_usage import (
+    Snapshot,
+    cpu_seconds,
+    interval_cpu_s,
+    memory_gib_seconds,
+    most_alive,
+    process_seconds,
+)
 from bench.lib.scaling import ColdStart, Decision, per_second, reaction_s, replica_seconds, timeline_text
 
 PREFIX = "elastic"
@@ -126,8 +134,16 @@ def reactions(stack: StackResult) -> list[tuple[Phase, float | None]]:
 
 
 def idle_cpu(stack: StackResult, spans: Sequence[tuple[float, float]]) -> float | None:
-    """Model CPU seconds over `spans` (None without spans)."""
-    return sum(cpu_seconds(stack.snapshots, a, b) for a, b in spans) if spans else None
+    """Model CPU seconds between the samples inside each span (None without spans). A span's edges fall between
+    two samples, in an interval it shares with a replica still exiting or one already starting for the next load:
+    prorating that interval would charge their CPU to the sleep."""
+    if not spans:
+        return None
+    total = 0.0
+    for start, end in spans:
+        inside = [s for s in stack.snapshots if start <= s.t_s <= end]
+        total += sum(interval_cpu_s(a, b) for a, b in itertools.pairwise(inside))
+    return total
 
 
 def measured(run: Run) -> Measured:

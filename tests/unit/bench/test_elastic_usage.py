@@ -107,3 +107,20 @@ def test_the_sampler_sees_only_model_processes_below_the_supervisor(tmp_path: Pa
     assert [(p.pid, p.cpu_s, p.rss_bytes) for p in snap.procs] == [(101, 2.0, 1000 * PAGE_BYTES)]
     assert snap.reaped_cpu_s == 3.0
     assert sampler.alive() == 1 and sampler.snapshots == [snap]
+
+
+def test_cpu_at_zero_counts_between_the_samples_inside_the_span_only() -> None:
+    from bench.lib.elastic_report import StackResult, idle_cpu
+
+    stack = StackResult("elastic", 0, Path("."), 0.0, 0.0)
+    stack.snapshots = [
+        Snapshot(0.0, (proc(1, 4.5),)),
+        Snapshot(1.0, (), reaped_cpu_s=4.65),  # the last replica exited (0.15 s of drain after the first sample)
+        Snapshot(2.0, (), reaped_cpu_s=4.65),
+        Snapshot(3.0, (), reaped_cpu_s=4.65),
+        Snapshot(4.0, (proc(2, 0.9),), reaped_cpu_s=4.65),  # the next load's replica, started after the span
+    ]
+    assert idle_cpu(stack, [(1.2, 3.5)]) == 0.0  # neither the exit nor the start is the sleep's
+    assert idle_cpu(stack, []) is None
+    stack.snapshots[2] = Snapshot(2.0, (proc(3, 0.3),), reaped_cpu_s=4.65)  # a replica alive while "asleep"
+    assert idle_cpu(stack, [(1.0, 3.0)]) == pytest.approx(0.3)  # its CPU counts, its exit included
