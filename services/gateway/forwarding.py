@@ -151,13 +151,23 @@ class Forwarder:
         self, request: pb.ModelMetadataRequest, caller_remaining_s: float | None
     ) -> pb.ModelMetadataResponse:
         self._reachable(request.name)
-        return await self._forwarded(self.model.model_metadata(request, timeout_s=self._timeout(caller_remaining_s)))
+        deadline = Deadline(FORWARD_TIMEOUT_S, caller_remaining_s)
+
+        async def send() -> pb.ModelMetadataResponse:  # parked while the model has no serving replica, as an infer
+            return await self._forwarded(self.model.model_metadata(request, timeout_s=deadline.remaining()))
+
+        return await self.activator.call(Target(request.name, request.version), send, deadline)
 
     async def model_config(
         self, request: pb.ModelConfigRequest, caller_remaining_s: float | None
     ) -> pb.ModelConfigResponse:
         self._reachable(request.name)
-        return await self._forwarded(self.model.model_config(request, timeout_s=self._timeout(caller_remaining_s)))
+        deadline = Deadline(FORWARD_TIMEOUT_S, caller_remaining_s)
+
+        async def send() -> pb.ModelConfigResponse:
+            return await self._forwarded(self.model.model_config(request, timeout_s=deadline.remaining()))
+
+        return await self.activator.call(Target(request.name, request.version), send, deadline)
 
     async def model_statistics(
         self, request: pb.ModelStatisticsRequest, caller_remaining_s: float | None

@@ -16,12 +16,12 @@ import grpc
 import numpy as np
 from opentelemetry import trace
 
-from services.common.errors import InvalidArgument, MeshserveError, NotFound, Unavailable
+from services.common.errors import DeadlineExceeded, InvalidArgument, MeshserveError, NotFound, Unavailable
 from services.common.metrics import trace_exemplar
 from services.common.recording import DEGRADED, PIPELINE
 from services.common.server import Lifecycle
 from services.gateway import metrics
-from services.gateway.activator import Activator
+from services.gateway.activator import Activator, ColdStart, Target
 from services.gateway.admission import Admission, Permit
 from services.gateway.degradation import MODEL_FAILURES
 from services.gateway.demand import DemandTracker, demand_reporter
@@ -34,9 +34,11 @@ from services.gateway.pipeline_stats import PipelineStats, Statistics
 from services.gateway.runner import PipelineRunner
 from services.gateway.settings import GatewaySettings
 from services.gateway.upstream import UNTRACED, Deadline, Headers, Upstreams
-from services.gateway.versions import ServingVersions, VersionRefresher
+from services.gateway.versions import METADATA_TIMEOUT_S, ServingVersions, VersionRefresher
+from services.model.api import ModelInfo
 
 log = logging.getLogger(__name__)
+WAKE_TIMEOUT_S = 30.0  # a pipeline's metadata waits for a replica of its model at most this long (and its cap)
 # Errors that say the pipeline's upstreams are overloaded: the adaptive limit backs off at once.
 _DROPS = (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.DEADLINE_EXCEEDED)
 OVERLOAD_CAUSES = frozenset({MODEL_FAILURES[grpc.StatusCode.RESOURCE_EXHAUSTED]})  # degraded causes that are load
@@ -142,15 +144,36 @@ class GatewayHandler:
             raise NotFound(f"no pipeline {name!r} (pipelines here: {', '.join(sorted(self.pipelines)) or 'none'})")
         return spec
 
-    async def describe(self, name: str) -> tuple[PipelineSpec, dict[str, OutputSpec]]:
-        """A pipeline and its model's outputs (read from the model service now if not known yet)."""
+    async def describe(
+        self, name: str, caller_remaining_s: float | None = None
+    ) -> tuple[PipelineSpec, dict[str, OutputSpec]]:
+        """A pipeline and its model's outputs (read from the model service now if not known yet: parked while the
+        model has no serving replica, since a client's first call is often this one)."""
         spec = self._spec(name)
         if not self.refresher.outputs.get(spec.model.name):
             await self.refresher.refresh()
+        if not self.refresher.outputs.get(spec.model.name):
+            await self._wake(spec.model.name, caller_remaining_s)
         outputs = self.refresher.outputs.get(spec.model.name)
         if not outputs:
             raise Unavailable(f"pipeline {spec.name!r}: model {spec.model.name!r} has not answered yet; retry")
         return spec, outputs
+
+    async def _wake(self, model: str, caller_remaining_s: float | None) -> None:
+        """Describe `model` through the activator (its demand wakes a model at zero; the call waits for a replica as
+        a request would) and keep what it says; a model that answers with an error leaves the outputs unknown."""
+
+        async def send() -> ModelInfo:
+            return await self.up.model.describe(model, timeout_s=METADATA_TIMEOUT_S, metadata=UNTRACED)
+
+        try:
+            info = await self.activator.call(Target(model), send, Deadline(WAKE_TIMEOUT_S, caller_remaining_s))
+        except (ColdStart, DeadlineExceeded):
+            raise  # the model is starting: the caller hears so (UNAVAILABLE or DEADLINE_EXCEEDED, with the wait)
+        except MeshserveError as exc:
+            log.debug("metadata of %s not available: %s", model, exc)
+            return
+        self.refresher.learn(model, info)
 
     def statistics(self, name: str | None = None) -> dict[str, PipelineStats]:
         """One pipeline's counters, or every pipeline's."""

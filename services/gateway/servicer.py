@@ -50,14 +50,14 @@ class GatewayServicer(pb_grpc.GRPCInferenceServiceServicer):
     ) -> pb.ModelMetadataResponse:
         if not self.handler.has_pipeline(request.name):
             return await self.forwarder.model_metadata(request, context.time_remaining())
-        return converters.metadata_to_pb(*await self.handler.describe(request.name))
+        return converters.metadata_to_pb(*await self.handler.describe(request.name, context.time_remaining()))
 
     async def ModelConfig(
         self, request: pb.ModelConfigRequest, context: grpc.aio.ServicerContext
     ) -> pb.ModelConfigResponse:
         if not self.handler.has_pipeline(request.name):
             return await self.forwarder.model_config(request, context.time_remaining())
-        return converters.config_to_pb(*await self.handler.describe(request.name))
+        return converters.config_to_pb(*await self.handler.describe(request.name, context.time_remaining()))
 
     async def ModelStatistics(
         self, request: pb.ModelStatisticsRequest, context: grpc.aio.ServicerContext

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Sequence
 
 from services.gateway.domain import OutputSpec
 from services.gateway.upstream import DescribeUpstream
+from services.model.api import ModelInfo
 
 log = logging.getLogger(__name__)
 METADATA_TIMEOUT_S = 2.0
@@ -68,9 +69,13 @@ class VersionRefresher:
             if isinstance(result, BaseException):
                 log.debug("metadata of %s not available: %s", model, result)
                 continue
-            for version in result.versions:
-                self.versions.saw(model, version)
-            self.outputs[model] = {o.name: OutputSpec(o.datatype, list(o.shape[1:])) for o in result.outputs}
+            self.learn(model, result)
+
+    def learn(self, model: str, info: ModelInfo) -> None:
+        """Keep what a description of `model` says: its ready versions and its outputs."""
+        for version in info.versions:
+            self.versions.saw(model, version)
+        self.outputs[model] = {o.name: OutputSpec(o.datatype, list(o.shape[1:])) for o in info.outputs}
 
     async def run(self) -> None:
         """Refresh every `period_s` until cancelled."""

@@ -147,7 +147,8 @@ async def fake_services() -> AsyncIterator[tuple[FakeModelService, FakeFeatureSe
 class ColdModelService(pb_grpc.GRPCInferenceServiceServicer):
     """Envoy's model listener while the model is scaled to zero: ModelInfer and ModelReady answer UNAVAILABLE "no
     healthy upstream" (Envoy's local reply) until `serving` is set, then a replica answers: ModelInfer a `score`
-    of 0.5 per row (as version 1, or the version asked for), ModelReady ready. The next `cold_infers` ModelInfer
+    of 0.5 per row (as version 1, or the version asked for), ModelReady ready, ModelMetadata version 1 with its
+    `score` output. The next `cold_infers` ModelInfer
     calls answer cold whatever `serving` says (a weighted split that picked a subset at zero)."""
 
     def __init__(self) -> None:
@@ -165,6 +166,14 @@ class ColdModelService(pb_grpc.GRPCInferenceServiceServicer):
         response = pb.ModelInferResponse(model_name=request.model_name, model_version=request.model_version or "1")
         response.outputs.add(name="score", datatype="FP32", shape=[rows, 1])
         response.raw_output_contents.append(struct.pack(f"<{rows}f", *[0.5] * rows))
+        return response
+
+    async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: grpc.aio.ServicerContext) -> Any:
+        if not self.serving:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "no healthy upstream")
+        response = pb.ModelMetadataResponse(name=request.name, versions=["1"], platform="onnxruntime_onnx")
+        response.inputs.add(name="features", datatype="FP32", shape=[-1, 4])
+        response.outputs.add(name="score", datatype="FP32", shape=[-1, 1])
         return response
 
     async def ModelReady(self, request: pb.ModelReadyRequest, context: grpc.aio.ServicerContext) -> Any:

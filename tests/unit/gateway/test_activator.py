@@ -24,7 +24,7 @@ from prometheus_client import REGISTRY
 
 import services.gateway.activator as activator_module
 import services.gateway.runner as runner_module
-from services.common.errors import MeshserveError, Unavailable
+from services.common.errors import DeadlineExceeded, MeshserveError, Unavailable
 from services.common.server import Lifecycle
 from services.gateway.activator import Activator, Target, is_cold
 from services.gateway.admission import Admission, Priority
@@ -437,3 +437,25 @@ def test_a_target_names_its_subset_from_its_routing() -> None:
         Target("m", "2", (("x-canary", "true"), ("x-model-version", "2"))).subset == "v2"
     )  # as demand.enter counts it
     assert Target("m", "", (("x-canary", "true"),)).describe() == "model 'm' (subset canary)"
+
+
+async def test_a_pipeline_s_metadata_wakes_its_model_at_zero_and_waits_for_it(tmp_path: Path) -> None:
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(pipeline_document()))
+    settings = GatewaySettings(
+        port=0, metrics_port=0, pipelines_dir=tmp_path, cold_start_wait_s=5.0, probe_interval_s=PROBE_S
+    )
+    async with cold_model() as (service, channel):
+        log: list[str] = []
+        upstreams = Upstreams(cache=FakeCache(log), feature=FakeFeatures(log), model=ModelClient(channel))  # type: ignore[arg-type]
+        handler = GatewayHandler(settings, Lifecycle(), upstreams)
+        try:
+            with pytest.raises(DeadlineExceeded):  # a client's first call: parked, here past its own deadline
+                await handler.describe("p", 0.2)
+            described = asyncio.ensure_future(handler.describe("p", 5.0))
+            await until(lambda: handler.demand.snapshot() == {("m", ""): Demand(0, 1)})  # its demand wakes the model
+            service.serving = True
+            spec, outputs = await described
+            assert spec.name == "p" and outputs["score"].datatype == "FP32"
+            assert handler.demand.snapshot() == {}
+        finally:
+            await handler.close()

@@ -160,9 +160,18 @@ async def test_the_gateways_demand_reaches_the_scaler_as_it_changes(scaler: Grpc
         tracker.leave(key)
         tracker.unpark(parked)
         await until(lambda: handler.totals() == {}, 1)
+        flips: list[bool] = []
+
+        async def watch() -> None:
+            async for active in handler.watch_active({"model": "fraud_mlp"}):
+                flips.append(active)
+
+        watcher = asyncio.ensure_future(watch())
+        await until(lambda: flips == [False], 1)
         tracker.leave(tracker.enter("fraud_mlp", "", ()))  # a call over before the reporter wakes still counts
-        await until(lambda: handler.is_active({"model": "fraud_mlp"}), 1)
+        await until(lambda: flips[:2] == [False, True], 1)
         await until(lambda: handler.totals() == {}, 1)
+        watcher.cancel()
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
