@@ -184,7 +184,7 @@ class Activator:
         if outcome == "deadline":
             raise ParkedPastDeadline(f"deadline passed while {what} was starting (parked {parked_s * 1e3:.0f} ms)")
         if outcome == "cap":
-            raise ColdStart(f"{what} is starting (no replica has served it for {self.wait_s:.1f} s); retry", "cap")
+            raise ColdStart(f"{what} is starting (no replica has served it for {self.wait_s:g} s); retry", "cap")
 
     @staticmethod
     async def _wait(released: asyncio.Event, deadline_end: float, cap_end: float) -> str:

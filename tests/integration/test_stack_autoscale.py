@@ -319,3 +319,48 @@ async def test_a_replica_killed_while_it_starts_is_restarted_and_waited_for(stac
     assert spawned() not in (None, killed)
     assert "model-v1-a exited with code -9" in stack.printed()
     assert [(d["from"], d["to"]) for d in decisions(stack)][-1] == (0, 1)  # waited: not given up
+
+
+async def test_a_deadline_shorter_than_the_cold_start_ends_at_the_deadline_and_still_wakes_the_group(
+    stack: Stack,
+) -> None:
+    await eventually(lambda: replicas(stack) == 0, WINDOW_S + 30, "at zero", stack)
+    wakes = len(decisions(stack))
+    async with grpc.aio.insecure_channel(stack.ingress) as channel:
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)
+        started = time.monotonic()
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await stub.ModelInfer(request(), timeout=0.25)  # a cold start takes longer than this
+        took = time.monotonic() - started
+    assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED, caught.value
+    assert 0.25 <= took < 0.25 + 0.5, took  # at its deadline: not early, not at the cap
+    await eventually(lambda: replicas(stack) == 1, 30, "woken by the parked request", stack)
+    assert [(d["from"], d["to"]) for d in decisions(stack)][wakes:][0] == (0, 1)
+
+
+async def test_a_wait_past_the_cap_ends_unavailable_saying_the_model_is_starting(stack: Stack, tmp_path: Path) -> None:
+    from services.mesh import LocalMesh
+    from tests.helpers.servers import gateway_service
+
+    await eventually(lambda: replicas(stack) == 0, WINDOW_S + 30, "at zero", stack)
+    mesh = LocalMesh.attach(Path(stack.state()["mesh_dir"]))
+    listeners = {name: mesh.address(name) for name in ("model", "feature", "cache")}
+    # A gateway of its own beside the stack's, through the same mesh, whose cap (50 ms) is shorter than a cold
+    # start; it reports no demand, so nothing starts a replica for it.
+    capped = gateway_service(
+        tmp_path,
+        **listeners,
+        MESHSERVE_GATEWAY_PUBLIC_MODELS='["fraud_mlp"]',
+        MESHSERVE_GATEWAY_COLD_START_WAIT_S="0.05",
+    )
+    with capped as gateway:
+        async with grpc.aio.insecure_channel(gateway.address) as channel:
+            stub = pb_grpc.GRPCInferenceServiceStub(channel)
+            started = time.monotonic()
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await stub.ModelInfer(request(), timeout=10)
+            took = time.monotonic() - started
+    assert caught.value.code() == grpc.StatusCode.UNAVAILABLE, caught.value
+    assert "model 'fraud_mlp' is starting (no replica has served it for 0.05 s); retry" in str(caught.value.details())
+    assert 0.05 <= took < 5, took  # at the cap, long before the caller's deadline
+    assert replicas(stack) == 0
