@@ -424,7 +424,7 @@ def measure_cpu(stack: RunningStack, traffic: str, c: int, measurement_ms: int, 
     gave over the same time (the counters are read outside the CPU window: reading them costs CPU too).
 
     The answers are the gateways' OK ones: Envoy's ingress count holds requests it refused or that failed too (its
-    adaptive concurrency limit answers some itself); with none of those, the two agree, and both are printed."""
+    in-flight bound, or its adaptive limit where it is on, answers some itself); with none, the two agree."""
     state = read_state(stack.log_dir) or stack.state  # the supervisor rewrites it when it restarts a process
     outcomes, at_ingress = gateway_outcomes(state), ingress_requests(state)
     before, began = cpu.snapshot(), time.monotonic()
