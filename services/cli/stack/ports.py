@@ -2,12 +2,39 @@
 
 from __future__ import annotations
 
+import random
 import socket
+from pathlib import Path
 
 METRICS_OFFSET = 1000  # metrics port = gRPC port + 1000 (8000 -> 9000), as the default ports are laid out
+LOWEST_FREE_PORT = 10000
+_EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_handed_out: set[int] = set()  # this process never hands out one port twice
+
+
+def ephemeral_floor() -> int:
+    """The lowest port the kernel hands out for bind(0) and outgoing connections (32768 where it does not say)."""
+    try:
+        return int(_EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def free_port(host: str = "127.0.0.1") -> int:
+    """A port free now, below the kernel's ephemeral range.
+
+    A port the kernel offers for bind(0) and then sees released can be offered again at once, to the next
+    process that binds port 0 or connects out (an embedded Valkey, a client socket): a port handed to a
+    process that binds it later would then be taken. Ports below the ephemeral range are never offered that way,
+    and this process never hands out the same one twice.
+    """
+    floor = ephemeral_floor()
+    rng = random.SystemRandom()
+    for _ in range(200):
+        port = rng.randrange(LOWEST_FREE_PORT, max(floor, LOWEST_FREE_PORT + 1000))
+        if port not in _handed_out and not port_in_use(host, port):
+            _handed_out.add(port)
+            return port
     with socket.socket() as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from services.cli.stack import ports as port_module
 from services.cli.stack.credentials import StackSecrets
 from services.cli.stack.layout import StackLayout
 from services.cli.stack.mesh import mesh_topology
@@ -99,7 +100,6 @@ def test_redis_passwords_are_not_printed() -> None:
 
 
 def test_free_port_layouts_never_repeat_a_port(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import services.cli.stack.ports as port_module
 
     offered = iter([40001, 40001, 40002, 40002, *range(40003, 40100)])  # the OS offering a released port again
     monkeypatch.setattr(port_module, "free_port", lambda host="127.0.0.1": next(offered))
@@ -286,3 +286,14 @@ def test_busy_ports_include_the_slots_a_group_may_start_later(tmp_path: Path) ->
         assert not t.replicas[2].initial and t.replicas[2].port == port
         busy = busy_ports(t, build_specs(t, "redis://x:1", envoy_command=["envoy"]))
         assert f"model-v1-c: port {port}" in busy
+
+
+def test_free_ports_lie_below_the_ephemeral_range_and_never_repeat() -> None:
+    """A free port is one bind(0) or an outgoing connection cannot be handed next; 200 of them are all distinct."""
+    floor = port_module.ephemeral_floor()
+    ports = [port_module.free_port() for _ in range(200)]
+    assert len(set(ports)) == 200
+    assert all(port_module.LOWEST_FREE_PORT <= p < floor for p in ports)
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", ports[0]))
+        assert port_module.port_in_use("127.0.0.1", ports[0])
