@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import logging
+import socket
+import threading
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 import grpc
 from opentelemetry import trace
-from prometheus_client import Counter, Histogram, start_http_server
+from prometheus_client import Counter, Histogram, make_wsgi_app
+from prometheus_client.exposition import ThreadingWSGIServer
+
+from services.common.internal_auth import guarded_wsgi, internal_token
 
 log = logging.getLogger(__name__)
 
@@ -81,11 +88,27 @@ class RpcMetrics:
         hist.observe(seconds, trace_exemplar())
 
 
-def start_metrics_server(port: int, host: str = "0.0.0.0") -> int | None:
-    """Serve /metrics on a background thread; returns the bound port (None when disabled)."""
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # a scrape every few seconds is not news
+        pass
+
+
+def start_metrics_server(port: int, host: str = "0.0.0.0", token: str | None = None) -> int | None:
+    """Serve /metrics on a background thread; returns the bound port (None when disabled).
+
+    With the internal credential (`token`, by default this process's MESHSERVE_INTERNAL_TOKEN) a scrape without
+    `Authorization: Bearer <token>` gets 401 (services.common.internal_auth); without one it is open.
+    """
     if port == 0:
         return None
-    server, _thread = start_http_server(port, addr=host)
+    token = internal_token() if token is None else token
+
+    class Server(ThreadingWSGIServer):
+        address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+
+    app = guarded_wsgi(make_wsgi_app(), token)
+    server = make_server(host, port, app, Server, handler_class=_QuietHandler)
+    threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
     bound = server.server_address[1]
-    log.info("metrics on http://%s:%d/metrics", host, bound)
+    log.info("metrics on http://%s:%d/metrics%s", host, bound, " (internal credential required)" if token else "")
     return int(bound)

@@ -68,7 +68,14 @@ class GrpcService:
     NOT_SERVING again the moment SIGTERM arrives, before in-flight requests drain.
     """
 
-    def __init__(self, name: str, settings: ServiceSettings, service_names: Sequence[str]) -> None:
+    def __init__(
+        self,
+        name: str,
+        settings: ServiceSettings,
+        service_names: Sequence[str],
+        interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+    ) -> None:
+        """`interceptors` run before the shared one (e.g. a credential check that refuses before anything counts)."""
         self.name = name
         self.settings = settings
         self.service_names = list(service_names)
@@ -78,7 +85,7 @@ class GrpcService:
         self.recorder = self.tracer_provider if isinstance(self.tracer_provider, Recorder) else None
         self.recording = RecordingRuntime(self.recorder) if self.recorder is not None else None
         self.server = grpc.aio.server(
-            interceptors=[ErrorAndMetricsInterceptor(name, self.tracer_provider)],
+            interceptors=[*interceptors, ErrorAndMetricsInterceptor(name, self.tracer_provider)],
             options=server_options(settings),
             maximum_concurrent_rpcs=settings.max_concurrent_rpcs,
         )

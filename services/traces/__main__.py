@@ -12,6 +12,7 @@ import os
 from opentelemetry.proto.collector.logs.v1 import logs_service_pb2_grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 
+from services.common.internal_auth import InternalAuthInterceptor, internal_token
 from services.common.logs import setup_logging
 from services.common.server import GrpcService
 from services.traces.access_logs import SERVICE_NAME as LOGS_SERVICE_NAME
@@ -33,7 +34,10 @@ class TraceStoreParts:
     def __init__(self, settings: TracesSettings) -> None:
         self.settings = settings
         # The UI binds first, so that a taken port fails the start before anything runs.
-        self.ui = TraceUI(settings.db, settings.ui_host, settings.ui_port) if settings.ui_port is not None else None
+        self.ui = None
+        if settings.ui_port is not None:
+            token = settings.ui_token.get_secret_value() or None
+            self.ui = TraceUI(settings.db, settings.ui_host, settings.ui_port, token)
         self.writer = SpanWriter(
             settings.db, settings.max_spans, settings.max_age_s, settings.batch_max_spans, settings.queue_max_spans
         )
@@ -49,7 +53,7 @@ class TraceStoreParts:
         log.info("keeping up to %d spans in %s", settings.max_spans, settings.db)
         if self.ui is not None:
             self.ui.start()
-            log.info("trace UI at %s", self.ui.url)
+            log.info("trace UI at %s (its token lets the browser in)", self.ui.login_url)
         if self.access is not None:
             port = self.access.start()
             log.info("access log records for retroactive collection on http://%s:%d", settings.host, port)
@@ -65,10 +69,12 @@ class TraceStoreParts:
 
 def build(settings: TracesSettings) -> tuple[GrpcService, TraceStoreParts]:
     """The server with the OTLP TraceService on the span writer, and the LogsService for Envoy's access log when
-    the settings have a recording port; and the parts that run beside it."""
+    the settings have a recording port; and the parts that run beside it. With the internal credential
+    (MESHSERVE_INTERNAL_TOKEN) every call but health needs it (UNAUTHENTICATED otherwise)."""
     parts = TraceStoreParts(settings)
     names = [SERVICE_NAME] + ([LOGS_SERVICE_NAME] if parts.buffer is not None else [])
-    service = GrpcService("traces", settings, names)
+    token = internal_token()  # Export (spans, Envoy's access logs) only from the stack's processes, when it has one
+    service = GrpcService("traces", settings, names, interceptors=[InternalAuthInterceptor(token)] if token else [])
     trace_service_pb2_grpc.add_TraceServiceServicer_to_server(TracesServicer(parts.writer), service.server)
     if parts.buffer is not None:
         logs_service_pb2_grpc.add_LogsServiceServicer_to_server(AccessLogServicer(parts.buffer), service.server)

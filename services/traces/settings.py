@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import SettingsConfigDict
 
 from services.common.settings import ServiceSettings
@@ -35,6 +35,11 @@ class TracesSettings(ServiceSettings):
         "127.0.0.1",
         description="Address the UI binds: loopback by default (it shows every kept request's attributes); on a "
         "loopback address it answers only requests naming a loopback host.",
+    )
+    ui_token: SecretStr = Field(
+        SecretStr(""),
+        description="The token the UI asks for (as `?token=` in the address it prints at start, which sets a "
+        "cookie, or as a bearer token); empty: a fresh random one at every start.",
     )
     queue_max_spans: int = Field(
         100_000, ge=1, description="Spans waiting to be written; Exports past it are rejected (partial_success)."

@@ -1,20 +1,25 @@
 """The trace UI over HTTP (the standard library's threading server): the pages, loaded from the `ui` package's
 resources, and the JSON API (`services.traces.web_api`) over the store's SQLite file, each request on its own
-connection."""
+connection. It asks for a token as Jupyter does: the URL printed at start carries `?token=...`, which sets a cookie
+(and is then dropped from the address bar); a request with neither the cookie nor the token gets a 401 page saying
+how to get in."""
 
 from __future__ import annotations
 
 import ipaddress
 import json
 import logging
+import secrets
 import threading
 from http import HTTPStatus
+from http.cookies import CookieError, SimpleCookie
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
+from services.common.operator_check import bearer_credential, same_secret
 from services.traces import web_api
 from services.traces.store import TraceStore
 
@@ -38,6 +43,19 @@ SECURITY_HEADERS = {
 LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1"}
 MAX_TRACE_ID = 32
 MAX_PARAMS = 64
+TOKEN_PARAM = "token"
+LOCKED_PAGE = "locked.html"  # the 401 page: how to get in
+COOKIE_DAYS = 30
+
+
+def new_token() -> str:
+    """A fresh UI token (what the UI asks for when it is given none)."""
+    return secrets.token_urlsafe(24)
+
+
+def with_token(url: str, token: str) -> str:
+    """`url` that lets its opener in (sets the UI's cookie)."""
+    return f"{url}?{urlencode({TOKEN_PARAM: token})}"
 
 
 def page(name: str) -> bytes:
@@ -57,10 +75,13 @@ class TraceUI:
     thread, `serve_forever` from the caller's.
 
     Bound to a loopback address it answers only requests whose Host names a loopback address, so that a page of
-    another site cannot reach it by rebinding its own name to 127.0.0.1 (DNS rebinding)."""
+    another site cannot reach it by rebinding its own name to 127.0.0.1 (DNS rebinding). Every request needs
+    `token` (None: a fresh random one), as `?token=`, the cookie that sets, or `Authorization: Bearer`; `login_url`
+    is the address that lets its opener in."""
 
-    def __init__(self, db: Path, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, db: Path, host: str = "127.0.0.1", port: int = 0, token: str | None = None) -> None:
         self.db = db
+        self.token = token or new_token()
         self.loopback_only = is_loopback(host)
         self.server = ThreadingHTTPServer((host, port), _Handler)
         self.server.daemon_threads = True
@@ -76,6 +97,25 @@ class TraceUI:
         host = str(self.server.server_address[0])
         shown = "127.0.0.1" if host in ("0.0.0.0", "") else f"[{host}]" if ":" in host else host
         return f"http://{shown}:{self.port}/"
+
+    @property
+    def login_url(self) -> str:
+        return with_token(self.url, self.token)
+
+    @property
+    def cookie_name(self) -> str:
+        """Per port: a browser sends a host's cookies to all its ports, and two UIs have two tokens."""
+        return f"meshserve-traces-{self.port}"
+
+    def admitted(self, headers: Any, params: dict[str, str]) -> bool:
+        """Whether a request with these headers and query parameters carries the token."""
+        sent = [params.get(TOKEN_PARAM), bearer_credential([("authorization", headers.get("Authorization") or "")])]
+        try:
+            cookie = SimpleCookie(headers.get("Cookie") or "").get(self.cookie_name)
+        except CookieError:
+            cookie = None
+        sent.append(cookie.value if cookie is not None else None)
+        return any(value and same_secret(value, self.token) for value in sent)
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self.server.serve_forever, args=(0.1,), name="traces-ui", daemon=True)
@@ -142,6 +182,18 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(HTTPStatus.MISDIRECTED_REQUEST, b"this server answers loopback names only\n", "text/plain", body)
             return
         url = urlsplit(self.path)
+        try:
+            params: dict[str, str] | None = dict(
+                parse_qsl(url.query, keep_blank_values=True, max_num_fields=MAX_PARAMS)
+            )
+        except ValueError:
+            params = None
+        if not ui.admitted(self.headers, params or {}):
+            self._send(HTTPStatus.UNAUTHORIZED, page(LOCKED_PAGE), "text/html; charset=utf-8", body, cache="no-store")
+            return
+        if params and TOKEN_PARAM in params and not url.path.startswith("/api/"):
+            self._let_in(ui, url.path)
+            return
         if url.path in PAGES:
             name, content_type = PAGES[url.path]
             self._send(HTTPStatus.OK, page(name), content_type, body)
@@ -150,20 +202,29 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(HTTPStatus.NOT_FOUND, b"not found\n", "text/plain", body)
             return
         try:
-            params = dict(parse_qsl(url.query, keep_blank_values=True, max_num_fields=MAX_PARAMS))
-        except ValueError:
-            params = None
-        try:
             if params is None:
                 raise web_api.BadRequest(f"more than {MAX_PARAMS} query parameters")
+            params.pop(TOKEN_PARAM, None)
             status, answer = ui.answer(url.path, params)
         except web_api.BadRequest as exc:
             status, answer = HTTPStatus.BAD_REQUEST, {"error": str(exc)}
         except Exception:
-            log.exception("GET %s failed", self.path)
+            log.exception("GET %s failed", url.path)
             status, answer = HTTPStatus.INTERNAL_SERVER_ERROR, {"error": "internal error (see the trace store's log)"}
         data = json.dumps(answer, separators=(",", ":"), default=str).encode()
         self._send(status, data, "application/json", body, cache="no-store")
+
+    def _let_in(self, ui: TraceUI, path: str) -> None:
+        """The login URL's answer: the cookie, and a redirect to the same page without the token in its address."""
+        cookie = f"{ui.cookie_name}={ui.token}; Path=/; Max-Age={COOKIE_DAYS * 86400}; HttpOnly; SameSite=Strict"
+        self.send_response(HTTPStatus.SEE_OTHER)
+        self.send_header("Location", path or "/")
+        self.send_header("Set-Cookie", cookie)
+        self.send_header("Content-Length", "0")
+        self.send_header("Cache-Control", "no-store")
+        for name, value in SECURITY_HEADERS.items():
+            self.send_header(name, value)
+        self.end_headers()
 
     def _send(self, status: int, data: bytes, content_type: str, body: bool, cache: str = "no-cache") -> None:
         self.send_response(status)

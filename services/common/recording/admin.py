@@ -7,6 +7,7 @@
 * `POST /recording/trigger` `{"trace_id": hex, "trigger": name}`: another process saw a symptom (the model service:
   a long queue wait); an edge keeps the trace when its request ends here (`{"seen": bool}`).
 
+Every request needs the stack's internal credential when this process has one (services.common.internal_auth).
 Requests are served on threads; the buffer is touched only on the event loop (the answer is encoded here, off it).
 A client gone before its answer is written (a collector that timed out or restarted) is one warning line.
 """
@@ -26,6 +27,7 @@ from typing import Any, TypeVar
 
 from prometheus_client.exposition import MetricsHandler
 
+from services.common.internal_auth import http_admitted, internal_token
 from services.common.recording.otlp import resource_spans
 from services.common.recording.provider import Recorder
 
@@ -39,20 +41,26 @@ _HEX32 = re.compile(r"^[0-9a-f]{32}$")
 
 class JsonAdmin:
     """An admin HTTP endpoint: `/metrics` (GET) and JSON POST routes (`routes()`: path -> handler of the body),
-    served on threads; start() binds (port 0 picks one)."""
+    served on threads; start() binds (port 0 picks one).
 
-    def __init__(self, host: str, port: int) -> None:
+    With the internal credential (`token`, by default this process's MESHSERVE_INTERNAL_TOKEN) every request
+    without `Authorization: Bearer <token>` gets 401 and is not read further; without one the endpoint is open."""
+
+    def __init__(self, host: str, port: int, token: str | None = None) -> None:
         admin = self
+        self.token = internal_token() if token is None else token
 
         class Handler(MetricsHandler):
             protocol_version = "HTTP/1.1"  # collectors keep their connection (and its thread) across requests
 
             def do_GET(self) -> None:
                 self.close_connection = True  # /metrics answers without a length: its end is the connection's
-                super().do_GET()
+                if http_admitted(self, admin.token):
+                    super().do_GET()
 
             def do_POST(self) -> None:
-                admin.handle_post(self)
+                if http_admitted(self, admin.token):
+                    admin.handle_post(self)
 
             def handle_one_request(self) -> None:
                 self.command, self.path = "", ""  # not yet read: a kept connection's last request is not this one
@@ -118,11 +126,11 @@ class JsonAdmin:
 class AdminServer(JsonAdmin):
     """The admin endpoint of one recording process: its buffer for collectors, and other processes' triggers."""
 
-    def __init__(self, recorder: Recorder, instance_id: str, host: str, port: int) -> None:
+    def __init__(self, recorder: Recorder, instance_id: str, host: str, port: int, token: str | None = None) -> None:
         self.recorder = recorder
         self.instance_id = instance_id
         self.loop = asyncio.get_running_loop()
-        super().__init__(host, port)
+        super().__init__(host, port, token)
 
     def routes(self) -> dict[str, Callable[[dict[str, Any]], dict[str, Any]]]:
         return {"/recording/collect": self.collect, "/recording/trigger": self.trigger}

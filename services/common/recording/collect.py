@@ -18,6 +18,7 @@ from typing import Any
 
 from opentelemetry.proto.trace.v1 import trace_pb2
 
+from services.common.internal_auth import authorization, internal_token
 from services.common.recording.assemble import Part, assemble
 from services.common.recording.otlp import OtlpExporter, resource_spans
 from services.common.recording.provider import Kept, Recorder
@@ -30,10 +31,12 @@ MAX_ANSWER = 64 << 20
 
 
 class Peer:
-    """One kept-alive HTTP/1.1 connection to a process's admin endpoint, for JSON POSTs (one at a time)."""
+    """One kept-alive HTTP/1.1 connection to a process's admin endpoint, for JSON POSTs (one at a time), each with
+    the internal credential `token` when there is one."""
 
-    def __init__(self, host: str, port: int) -> None:
+    def __init__(self, host: str, port: int, token: str = "") -> None:
         self.host, self.port = host, port
+        self._auth = f"Authorization: {authorization(token)}\r\n" if token else ""
         self._streams: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
         self._lock = asyncio.Lock()
 
@@ -55,7 +58,7 @@ class Peer:
             data = json.dumps(body).encode()
             head = (
                 f"POST {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {len(data)}\r\n\r\n"
+                f"Content-Length: {len(data)}\r\n{self._auth}\r\n"
             )
             writer.write(head.encode() + data)
             await writer.drain()
@@ -96,11 +99,20 @@ class Peer:
 class Collector:
     """Collects the traces its Recorder keeps and exports them; exports the Recorder's head-sampled spans.
 
-    Build and start it inside the event loop; `close()` collects what is still pending and flushes.
+    Build and start it inside the event loop; `close()` collects what is still pending and flushes. Peers are asked
+    with the internal credential `token` (by default this process's MESHSERVE_INTERNAL_TOKEN).
     """
 
-    def __init__(self, recorder: Recorder, settings: RecordingSettings, exporter: OtlpExporter, instance_id: str):
+    def __init__(
+        self,
+        recorder: Recorder,
+        settings: RecordingSettings,
+        exporter: OtlpExporter,
+        instance_id: str,
+        token: str | None = None,
+    ):
         self.recorder = recorder
+        self.token = internal_token() if token is None else token
         self.settings = settings
         self.exporter = exporter
         self.instance_id = instance_id
@@ -227,7 +239,7 @@ class Collector:
     def _peer(self, host: str, port: int) -> Peer:
         peer = self._peer_links.get((host, port))
         if peer is None:
-            peer = self._peer_links[(host, port)] = Peer(host, port)
+            peer = self._peer_links[(host, port)] = Peer(host, port, self.token)
         return peer
 
     # -- triggers for the edge -----------------------------------------------------------------------------

@@ -67,12 +67,14 @@ def test_flags_override_the_environment(monkeypatch: pytest.MonkeyPatch) -> None
 async def test_serve_with_a_ui_port_serves_the_ui_over_the_store(tmp_path: Path) -> None:
     port, ui_port = free_port(), free_port()
     db = tmp_path / "traces.sqlite"
-    settings = TracesSettings(host="127.0.0.1", port=port, db=db, grace_period_s=0.5, ui_port=ui_port)
+    settings = TracesSettings(
+        host="127.0.0.1", port=port, db=db, grace_period_s=0.5, ui_port=ui_port, ui_token="ui-secret"
+    )
     task = asyncio.create_task(serve(settings))
 
-    def fetch(path: str) -> tuple[int, bytes]:
+    def fetch(path: str, token: str = "ui-secret") -> tuple[int, bytes]:
         connection = http.client.HTTPConnection("127.0.0.1", ui_port, timeout=5)
-        connection.request("GET", path)
+        connection.request("GET", path, headers={"Authorization": f"Bearer {token}"})
         answer = connection.getresponse()
         return answer.status, answer.read()
 
@@ -89,6 +91,7 @@ async def test_serve_with_a_ui_port_serves_the_ui_over_the_store(tmp_path: Path)
             raise AssertionError(f"the UI never listed the exported trace: {status} {body[:200]!r}")
         status, page = await asyncio.to_thread(fetch, "/")
         assert status == 200 and b"<title>meshserve traces</title>" in page
+        assert (await asyncio.to_thread(fetch, "/api/traces", "guess"))[0] == 401  # the configured token only
         os.kill(os.getpid(), signal.SIGTERM)
         await asyncio.wait_for(task, timeout=15)
     with pytest.raises(OSError):

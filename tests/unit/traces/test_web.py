@@ -31,9 +31,14 @@ def ui(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TraceUI]:
     server.stop()
 
 
-def get(ui: TraceUI, path: str, host: str | None = None, method: str = "GET") -> http.client.HTTPResponse:
+def get(
+    ui: TraceUI, path: str, host: str | None = None, method: str = "GET", token: str | None = ""
+) -> http.client.HTTPResponse:
+    """`path` with the UI's token (in its cookie), another `token`, or none (None)."""
     connection = http.client.HTTPConnection("127.0.0.1", ui.port, timeout=10)
     headers = {"Host": host} if host is not None else {}
+    if token is not None:
+        headers["Cookie"] = f"{ui.cookie_name}={token or ui.token}"
     connection.request(method, path, headers=headers)
     return connection.getresponse()
 
@@ -116,3 +121,36 @@ def test_other_host_names_are_refused(ui: TraceUI, host: str) -> None:
 @pytest.mark.parametrize("host", ["localhost", "127.0.0.1:1234", "[::1]:8091", "LOCALHOST:80"])
 def test_loopback_host_names_are_served(ui: TraceUI, host: str) -> None:
     assert get(ui, "/api/facets", host=host).status == 200
+
+
+def test_without_its_token_the_ui_says_how_to_get_in(ui: TraceUI) -> None:
+    for path in ("/", "/app.js", "/api/traces", "/api/traces/ab"):
+        for token in (None, "not-the-token"):
+            answer = get(ui, path, token=token)
+            text = answer.read().decode()
+            assert answer.status == 401, (path, token)
+            assert "?token=" in text and "meshserve traces ui" in text and "trace_id" not in text
+    assert ui.login_url == f"{ui.url}?token={ui.token}"
+
+
+def test_the_login_url_sets_the_cookie_and_drops_the_token_from_the_address(ui: TraceUI) -> None:
+    answer = get(ui, f"/?token={ui.token}", token=None)
+    assert answer.status == 303 and answer.headers["Location"] == "/"
+    cookie = answer.headers["Set-Cookie"]
+    assert cookie.startswith(f"{ui.cookie_name}={ui.token};") and "HttpOnly" in cookie and "SameSite=Strict" in cookie
+    assert get(ui, f"/?token=wrong{ui.token}", token=None).status == 401
+    # the cookie lets the pages and the API in; API clients may send the token as a bearer token instead
+    assert get(ui, "/api/facets").status == 200
+    connection = http.client.HTTPConnection("127.0.0.1", ui.port, timeout=10)
+    connection.request("GET", "/api/facets", headers={"Authorization": f"Bearer {ui.token}"})
+    assert connection.getresponse().status == 200
+
+
+def test_two_uis_have_two_tokens(tmp_path: Path) -> None:
+    one, two = TraceUI(tmp_path / "a.sqlite", "127.0.0.1", 0), TraceUI(tmp_path / "b.sqlite", "127.0.0.1", 0, "set")
+    try:
+        assert one.token != two.token and two.token == "set" and len(one.token) >= 32
+        assert one.cookie_name != two.cookie_name
+    finally:
+        one.stop()
+        two.stop()
