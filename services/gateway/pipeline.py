@@ -1,8 +1,9 @@
-"""Pipelines declared in YAML (`pipelines/<name>.yaml`): inputs, stages, cache and degradation policy.
+"""Pipelines declared in YAML (`pipelines/<name>.yaml`): inputs, stages, cache, degradation and placement policy.
 
 A pipeline appears to clients as a v2 model. Its raw inputs are named tensors; an optional feature
 stage turns them into a feature matrix (feature service), optional preprocessing scales tensors in the
-gateway, and the model stage calls the model service. Errors name the file, line and field.
+gateway, and the model stage calls the model service. Inputs carry a data class, and an optional
+`placement` block says which tier (edge, cloud) may see each class. Errors name the file, line and field.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from services.common.yaml_docs import DocumentError, load_document, located_erro
 Datatype = Literal["BOOL", "INT32", "INT64", "FP32", "FP64", "BYTES"]
 Remedy = Literal["stale_cache", "fallback_model", "default"]
 FeatureRemedy = Literal["stale_cache", "default"]
+DataClass = Literal["sensitive", "general"]
+Tier = Literal["edge", "cloud"]
 
 
 class _Strict(BaseModel):
@@ -31,6 +34,11 @@ class InputSpec(_Strict):
     datatype: Datatype
     dims: list[int] = Field(default_factory=lambda: [1], description="Dims after the row dimension.")
     description: str = ""
+    data_class: DataClass = Field(
+        "general",
+        description="sensitive: a value in this input keeps the request on the edge tier (placement); general: "
+        "may go wherever the placement sends general requests. Ignored by a single-tier gateway.",
+    )
 
 
 class FeatureStage(_Strict):
@@ -174,6 +182,49 @@ class Tracing(_Strict):
     baseline: float | None = Field(None, ge=0, le=1, description="Share of requests kept at random (e.g. 0.01).")
 
 
+def _edge_only() -> list[Tier]:
+    return ["edge"]
+
+
+def _both_tiers() -> list[Tier]:
+    return ["edge", "cloud"]
+
+
+class PlacementTiers(_Strict):
+    """Which tiers may see a request of each data class."""
+
+    sensitive: list[Tier] = Field(default_factory=_edge_only, min_length=1)
+    general: list[Tier] = Field(default_factory=_both_tiers, min_length=1)
+
+
+class Placement(_Strict):
+    """Where a request is answered on a two-tier deployment (MESHSERVE_GATEWAY_TIER edge or cloud), by its data class.
+
+    A request is sensitive when any input marked sensitive carries a value (non-empty bytes; any number) in any
+    row, or the client's `x-meshserve-data-class: sensitive` header says so; else general. Sensitive requests are
+    answered at the edge and never cross; general ones go to `general_to`."""
+
+    tiers: PlacementTiers = PlacementTiers()
+    general_to: Tier = Field("cloud", description="Where a general request is answered while that tier is up.")
+    leave_edge: Literal["request", "derived_features"] = Field(
+        "derived_features",
+        description="What crosses to the cloud for a general request: request (its general inputs, to the cloud's "
+        "pipeline of the same name) or derived_features (the feature matrix computed at the edge, to the cloud's "
+        "model; no sensitive input is in it).",
+    )
+    on_edge_model_down: Literal["unavailable", "default"] = Field(
+        "unavailable",
+        description="A sensitive request whose edge model fails: UNAVAILABLE naming this policy, or the "
+        "pipeline's default outputs marked degraded. Never the cloud.",
+    )
+    on_cloud_down: Literal["edge_only"] = Field(
+        "edge_only",
+        description="A general request whose cloud call fails or is late: answered at the edge, "
+        "marked degraded edge_only.",
+    )
+    cloud_timeout_ms: float = Field(200.0, gt=0, description="The most the cloud call may take (ms).")
+
+
 class PipelineSpec(_Strict):
     name: str = Field(pattern=r"^[a-z][a-z0-9_\-]*$")
     description: str = ""
@@ -189,6 +240,7 @@ class PipelineSpec(_Strict):
     admission: Admission = Admission()
     batching: Batching = Batching()
     tracing: Tracing = Tracing()
+    placement: Placement | None = Field(None, description="Two-tier placement by data class (absent: one tier).")
 
     @model_validator(mode="after")
     def _references(self) -> PipelineSpec:
@@ -221,7 +273,52 @@ class PipelineSpec(_Strict):
         unknown = set(self.degradation.default_outputs or {}) - set(self.outputs)
         if unknown:
             raise ValueError(f"default_outputs names {sorted(unknown)}, which are not outputs")
+        if self.placement is not None:
+            self._check_placement(self.placement)
         return self
+
+    def sensitive_inputs(self) -> list[str]:
+        """The inputs marked sensitive, in the pipeline's order."""
+        return [i.name for i in self.inputs if i.data_class == "sensitive"]
+
+    def _check_placement(self, placement: Placement) -> None:
+        """Refuse a placement that would let a sensitive value reach the cloud, or that cannot be carried out;
+        each message names the field."""
+        sensitive = self.sensitive_inputs()
+        if "cloud" in placement.tiers.sensitive:
+            named = f" (inputs {sensitive})" if sensitive else ""
+            raise ValueError(
+                f"placement.tiers.sensitive lists cloud: sensitive inputs{named} must never reach the cloud tier"
+            )
+        if placement.general_to not in placement.tiers.general:
+            raise ValueError(
+                f"placement.general_to is {placement.general_to}, which placement.tiers.general does not list"
+            )
+        if placement.leave_edge == "derived_features" and self.features is None:
+            raise ValueError(
+                "placement.leave_edge is derived_features but the pipeline has no features stage: say "
+                "leave_edge: request, or add features"
+            )
+        if placement.leave_edge == "request":
+            fed = set(self.model_inputs().values())
+            for p in self.preprocess:
+                if p.input in sensitive and (p.output or p.input) in fed:
+                    raise ValueError(
+                        f"placement.leave_edge is request but input {p.input!r} is sensitive and feeds the model: "
+                        "the cloud never gets it (use derived_features or general_to: edge)"
+                    )
+            direct = [name for name in sensitive if name in fed]
+            if direct:
+                raise ValueError(
+                    f"placement.leave_edge is request but input {direct[0]!r} is sensitive and feeds the model "
+                    "directly: the cloud never gets it (use derived_features or general_to: edge)"
+                )
+        if placement.on_edge_model_down == "default" and (
+            self.degradation.default_outputs is None or self.degradation.default_decision is None
+        ):
+            raise ValueError(
+                "placement.on_edge_model_down is default but degradation gives no default_outputs and default_decision"
+            )
 
     def model_inputs(self) -> dict[str, str]:
         """model input -> pipeline tensor, with the feature matrix feeding the model's same-named input."""

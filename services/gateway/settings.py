@@ -1,9 +1,11 @@
-"""Settings of the gateway (`MESHSERVE_GATEWAY_*`): where the other services are, pipelines, cold starts, admission."""
+"""Settings of the gateway (`MESHSERVE_GATEWAY_*`): where the other services are, pipelines, cold starts, admission,
+and its tier (single, or the edge or cloud of a two-tier deployment)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import SettingsConfigDict
@@ -98,6 +100,29 @@ class GatewaySettings(ServiceSettings):
     )
     watch_heartbeat_timeout_s: float = Field(
         15.0, gt=0, description="A Watch stream silent this long (the cache sends heartbeats) counts as lost."
+    )
+
+    tier: Literal["single", "edge", "cloud"] = Field(
+        "single",
+        description="single: one tier, pipelines' placement ignored. edge: requests are classified by their inputs' "
+        "data classes; sensitive ones are answered here only, general ones go to the cloud tier as the pipeline's "
+        "placement says, every outgoing call carries x-meshserve-data-class and x-meshserve-tier. cloud: requests "
+        "marked sensitive (header or a value in a sensitive input) are refused with PERMISSION_DENIED.",
+    )
+    cloud_url: str = Field(
+        "",
+        description="With tier edge: host:port of the cloud tier (the edge's egress listener, or the cloud ingress "
+        "directly); required when a pipeline sends general requests to the cloud.",
+    )
+    cloud_token_file: Path | None = Field(
+        None,
+        description="With tier edge: a file holding the bearer token the cloud ingress accepts (as `meshserve "
+        "token` prints it), sent as 'authorization: Bearer <token>' on every cloud call; read once at start.",
+    )
+    cloud_tls_ca_file: Path | None = Field(
+        None,
+        description="With tier edge: the CA certificate (PEM) of the cloud ingress; set: TLS to cloud_url, unset: "
+        "plaintext (a local egress listener that does TLS itself).",
     )
 
     @field_validator("jwks")
