@@ -99,18 +99,35 @@ class GrpcService:
         self._stop = asyncio.Event()
         self.drain_hooks: list[Callable[[], None]] = []  # run when draining starts (e.g. end endless streams)
 
+    @property
+    def address(self) -> str:
+        """Where the gRPC server listens: `unix:/path` with `unix_socket`, else host:port (the bound port once
+        started)."""
+        if self.settings.unix_socket is not None:
+            return f"unix:{self.settings.unix_socket}"
+        return f"{self.settings.host}:{self.port if self.port else self.settings.port}"
+
     async def start(self) -> int:
-        """Bind and start serving (health NOT_SERVING until set_serving(True)); returns the gRPC port."""
+        """Bind and start serving (health NOT_SERVING until set_serving(True)); returns the gRPC port (0 on a Unix
+        socket, which only its owner may connect to: mode 0600)."""
         await self.set_serving(False)
-        self.port = self.server.add_insecure_port(f"{self.settings.host}:{self.settings.port}")
-        if self.port == 0:
-            raise RuntimeError(f"{self.name}: cannot bind {self.settings.host}:{self.settings.port}")
+        address = self.address
+        try:
+            bound = self.server.add_insecure_port(address)
+        except RuntimeError:  # grpc raises on a failed bind, or returns 0 (older releases)
+            bound = 0
+        if bound == 0:
+            raise RuntimeError(f"{self.name}: cannot bind {address}")
+        self.port = 0 if self.settings.unix_socket is not None else bound
         await self.server.start()
+        if self.settings.unix_socket is not None:
+            # grpc binds with the process's umask; the owner-only mode is set before the service says SERVING
+            self.settings.unix_socket.chmod(0o600)
         if self.recording is not None:
             self.metrics_port = self.recording.start(self.settings.host, self.settings.metrics_port)
         else:
             self.metrics_port = start_metrics_server(self.settings.metrics_port, self.settings.host)
-        log.info("%s listening on %s:%d", self.name, self.settings.host, self.port)
+        log.info("%s listening on %s", self.name, self.address)
         return self.port
 
     async def set_serving(self, serving: bool) -> None:

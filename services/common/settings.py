@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 from pydantic import AliasChoices, Field, ValidationError
@@ -65,6 +66,11 @@ class ServiceSettings(EnvSettings):
 
     host: str = Field("0.0.0.0", description="Address the gRPC server binds.")
     port: int = Field(8000, ge=0, le=65535, description="gRPC port (0 picks a free one).")
+    unix_socket: Path | None = Field(
+        None,
+        description="Serve gRPC on this Unix socket (made mode 0600; keep it in a folder only its owner may enter) "
+        "instead of host:port, so that only the socket's owner can call it (the local stack's default).",
+    )
     metrics_port: int = Field(9000, ge=0, le=65535, description="Prometheus /metrics port (0 disables).")
     grace_period_s: float = Field(
         20.0, ge=0, description="On SIGTERM: how long in-flight requests may run before they are cancelled."

@@ -96,11 +96,12 @@ class EnvoyAdmin:
         return self.cluster_hosts().get(cluster, {})
 
     def cluster_hosts(self) -> dict[str, dict[str, dict[str, str]]]:
-        """Per cluster with at least one host, per host address, its /clusters fields (one admin call)."""
+        """Per cluster with at least one host, per host address, its /clusters fields (one admin call). A host is
+        `ip:port`, or the bare path of a Unix socket (services.mesh.topology.host_key)."""
         out: dict[str, dict[str, dict[str, str]]] = {}
         for line in self.get("/clusters").splitlines():
             parts = line.split("::")
-            if len(parts) == 4 and parts[1][:1].isdigit():
+            if len(parts) == 4 and (parts[1][:1].isdigit() or parts[1].startswith("/")):
                 cluster, host, key, value = parts
                 out.setdefault(cluster, {}).setdefault(host, {})[key] = value
         return out

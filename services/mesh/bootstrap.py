@@ -11,13 +11,14 @@ from services.mesh.access_log import access_log
 from services.mesh.authn import check_jwks, ingress_jwt_rules, jwt_authn_filter
 from services.mesh.authz import anonymous_paths, ingress_policies, rbac_filters
 from services.mesh.clusters import cluster_members, load_assignment, render_clusters
+from services.mesh.egress import check_mesh_tls, egress_cluster, egress_listener, egress_route
 from services.mesh.envoyfilters import apply_patches, ingress_patches
 from services.mesh.errors import MeshConfigError
 from services.mesh.hosts import cluster_name
-from services.mesh.listeners import INGRESS, hcm_of, listener, route_name, tracer_runtime, tracing
+from services.mesh.listeners import EGRESS, INGRESS, hcm_of, listener, route_name, tracer_runtime, tracing
 from services.mesh.loader import IstioConfig
 from services.mesh.routes import Weights, gateway_virtual_services, mesh_virtual_services, route_configuration
-from services.mesh.topology import IngressTls, MeshTopology, split_address, unix_path
+from services.mesh.topology import IngressTls, MeshTopology, envoy_address
 
 ADMIN_SOCKET_MODE = 0o600  # only the user running the stack may read Envoy's config_dump or change its state
 
@@ -46,6 +47,8 @@ def render_routes(
         name = route_name(service)
         vss = mesh_virtual_services(istio, service)
         routes[name] = route_configuration(name, vss, known, weights, cluster_name(service, None))
+    if topology.egress is not None:
+        routes[route_name(EGRESS)] = egress_route(istio, topology.egress)
     return routes
 
 
@@ -85,11 +88,7 @@ def access(topology: MeshTopology, name: str) -> list[dict[str, Any]] | None:
 
 
 def admin_address(address: str) -> dict[str, Any]:
-    path = unix_path(address)
-    if path is not None:
-        return {"pipe": {"path": str(path), "mode": ADMIN_SOCKET_MODE}}
-    host, port = split_address(address)
-    return {"socket_address": {"address": host, "port_value": port}}
+    return envoy_address(address, ADMIN_SOCKET_MODE)
 
 
 def render(
@@ -108,11 +107,16 @@ def render(
     for service, st in topology.services.items():
         trace = tracing(istio, topology.otlp, f"{service}-sidecar")
         listeners.append(listener(service, st.listen, routes_dir, trace, access=access(topology, service)))
+    clusters = render_clusters(istio, topology, endpoints_dir)
+    check_mesh_tls(istio)
+    if topology.egress is not None:
+        listeners.append(egress_listener(istio, topology, routes_dir))
+        clusters.append(egress_cluster(istio, topology.egress))
     traced = any("tracing" in hcm_of(item) for item in listeners)
     bootstrap: dict[str, Any] = {
         "node": {"id": topology.node_id, "cluster": "meshserve"},
         "admin": {"address": admin_address(topology.admin)},
-        "static_resources": {"listeners": listeners, "clusters": render_clusters(istio, topology, endpoints_dir)},
+        "static_resources": {"listeners": listeners, "clusters": clusters},
     }
     layers = [{"name": "tracer", "static_layer": tracer_runtime()}] if traced else []
     # last, so it overrides the others: runtime keys set live through the admin's POST /runtime_modify (as Istio's

@@ -11,7 +11,7 @@ from services.mesh.errors import MeshConfigError
 from services.mesh.hosts import cluster_name, service_of
 from services.mesh.istio import DestinationRule, OutlierDetection, TrafficPolicy
 from services.mesh.loader import IstioConfig
-from services.mesh.topology import HealthCheck, MeshEndpoint, MeshTopology, split_address
+from services.mesh.topology import HealthCheck, MeshEndpoint, MeshTopology, envoy_address, split_address
 
 HTTP_PROTOCOL_OPTIONS = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 LB_POLICIES = {
@@ -50,8 +50,8 @@ def merge_policy(base: TrafficPolicy | None, override: TrafficPolicy | None) -> 
 
 
 def endpoint(replica: MeshEndpoint) -> dict[str, Any]:
-    host, port = split_address(replica.address)
-    return {"endpoint": {"address": {"socket_address": {"address": host, "port_value": port}}}}
+    """An LbEndpoint at the replica's address: a SocketAddress, or a Pipe for a replica on a Unix socket."""
+    return {"endpoint": {"address": envoy_address(replica.address)}}
 
 
 def load_assignment(name: str, replicas: list[MeshEndpoint]) -> dict[str, Any]:

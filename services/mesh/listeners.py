@@ -8,17 +8,18 @@ from typing import Any
 from services.mesh.clusters import OTLP_CLUSTER
 from services.mesh.loader import IstioConfig
 from services.mesh.routes import FAULT_FILTER
-from services.mesh.topology import IngressTls, split_address
+from services.mesh.topology import PIPE_MODE, IngressTls, envoy_address
 
 HCM = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
 TLS_CONTEXT = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext"
 INGRESS = "ingress"
+EGRESS = "egress"
 # What istiod gives an HTTPS Gateway server: HTTP/2 (gRPC) or HTTP/1.1 by ALPN, TLS 1.2 at least.
 INGRESS_ALPN = ["h2", "http/1.1"]
 
 
 def route_name(listener: str) -> str:
-    return listener if listener == INGRESS else f"outbound_{listener}"
+    return listener if listener in (INGRESS, EGRESS) else f"outbound_{listener}"
 
 
 def rds_source(routes_dir: Path, name: str) -> dict[str, Any]:
@@ -128,8 +129,8 @@ def listener(
     tls: IngressTls | None = None,
     access: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """A listener whose HTTP filters are `security_filters` (jwt_authn, RBAC), fault injection, the router."""
-    host, port = split_address(address)
+    """A listener on `address` (host:port, or unix:/abs/path: a socket of mode 0600) whose HTTP filters are
+    `security_filters` (jwt_authn, RBAC), fault injection, the router."""
     hcm: dict[str, Any] = {
         "@type": HCM,
         "stat_prefix": name,
@@ -158,6 +159,6 @@ def listener(
         chain["transport_socket"] = downstream_tls(tls)
     return {
         "name": name,
-        "address": {"socket_address": {"address": host, "port_value": port}},
+        "address": envoy_address(address, PIPE_MODE),
         "filter_chains": [chain],
     }

@@ -23,7 +23,7 @@ from services.mesh.istio import NOT_APPLICABLE_LOCALLY
 from services.mesh.listeners import route_name
 from services.mesh.loader import IstioConfig, load_istio
 from services.mesh.routes import declared_weights, split_subsets
-from services.mesh.topology import MeshEndpoint, MeshService, MeshTopology, unix_path
+from services.mesh.topology import MeshEndpoint, MeshService, MeshTopology, host_key, unix_path
 
 log = logging.getLogger(__name__)
 
@@ -129,8 +129,9 @@ class LocalMesh:
     def start(self, timeout: float = 10.0) -> None:
         """Render, start Envoy (--disable-hot-restart, log in the work folder), return once /ready is LIVE."""
         self.render()
-        socket = unix_path(self.topology.admin)
-        if socket is not None:  # Envoy binds the admin socket but makes no folder for it; only its owner may enter
+        addresses = [self.topology.admin, *(service.listen for service in self.topology.services.values())]
+        for socket in filter(None, map(unix_path, addresses)):
+            # Envoy binds its sockets but makes no folder for them; only their owner may enter one it makes
             socket.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         for field, why in NOT_APPLICABLE_LOCALLY.items():
             log.debug("istio field not applicable locally: %s (%s)", field, why)
@@ -154,6 +155,11 @@ class LocalMesh:
     @property
     def ingress_address(self) -> str | None:
         return self.topology.ingress
+
+    @property
+    def egress_address(self) -> str | None:
+        """Where the edge tier's gateway reaches the cloud tier (MESHSERVE_GATEWAY_CLOUD_URL); None without egress."""
+        return self.topology.egress.listen if self.topology.egress is not None else None
 
     def address(self, service: str) -> str:
         """Where callers reach `service` through the mesh (its outbound listener)."""
@@ -264,11 +270,14 @@ class LocalMesh:
         dumped = [r.model_dump(mode="json") for r in replicas]
         self._update_state(lambda state: state["topology"]["services"][service].update(replicas=dumped))
         if wait:
-            self.wait_hosts({name: {r.address for r in hosts} for name, hosts in members.items()}, timeout, healthy)
+            self.wait_hosts(
+                {name: {host_key(r.address) for r in hosts} for name, hosts in members.items()}, timeout, healthy
+            )
 
     def wait_hosts(self, expected: Mapping[str, set[str]], timeout: float = 5.0, healthy: bool = False) -> None:
         """Until Envoy's /clusters lists exactly `expected[cluster]` as the hosts of each cluster (and, with
-        `healthy`, counts each of them healthy); TimeoutError naming the first cluster that is not so."""
+        `healthy`, counts each of them healthy); TimeoutError naming the first cluster that is not so. Hosts are named
+        as /clusters names them (services.mesh.topology.host_key: a Unix socket by its bare path)."""
         deadline = time.monotonic() + timeout
         while True:
             listed = self.admin.cluster_hosts()

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from services.common.validation import describe
 from services.mesh.durations import Duration
@@ -27,6 +28,8 @@ def _address(value: str) -> str:
 
 
 UNIX_PREFIX = "unix:"
+UNIX_PATH_MAX = 100  # sun_path holds 108 bytes
+PIPE_MODE = 0o600  # a socket Envoy listens on: only the user running the mesh may connect
 
 
 def unix_path(address: str) -> Path | None:
@@ -34,13 +37,33 @@ def unix_path(address: str) -> Path | None:
     return Path(address[len(UNIX_PREFIX) :]) if address.startswith(UNIX_PREFIX) else None
 
 
-def _admin_address(value: str) -> str:
+def _socket_or_address(value: str) -> str:
+    """`host:port`, or `unix:/abs/path` whose path fits a Unix socket address."""
     path = unix_path(value)
     if path is None:
         return _address(value)
-    if not path.is_absolute() or len(str(path).encode()) > 100:  # sun_path holds 108 bytes
-        raise ValueError(f"a unix admin address needs an absolute path of at most 100 bytes: {value!r}")
+    if not path.is_absolute() or len(str(path).encode()) > UNIX_PATH_MAX:
+        raise ValueError(f"a unix address needs an absolute path of at most {UNIX_PATH_MAX} bytes: {value!r}")
     return value
+
+
+_admin_address = _socket_or_address
+
+
+def envoy_address(address: str, mode: int | None = None) -> dict[str, Any]:
+    """Envoy's Address of `host:port` (a SocketAddress) or `unix:/abs/path` (a Pipe; `mode`, for a socket Envoy
+    binds, is the file mode it gets)."""
+    path = unix_path(address)
+    if path is not None:
+        return {"pipe": {"path": str(path), **({"mode": mode} if mode is not None else {})}}
+    host, port = split_address(address)
+    return {"socket_address": {"address": host, "port_value": port}}
+
+
+def host_key(address: str) -> str:
+    """How Envoy's admin (/clusters) names the host at `address`: `host:port`, or a Unix socket's bare path."""
+    path = unix_path(address)
+    return str(path) if path is not None else address
 
 
 class _Strict(BaseModel):
@@ -51,16 +74,19 @@ class MeshEndpoint(_Strict):
     """One running process (replica) of a service, as Envoy sees it; `labels` play the pod labels (`version` picks
     the DestinationRule subset)."""
 
-    address: str = Field(description="host:port of the replica's gRPC server.")
+    address: str = Field(description="host:port, or unix:/abs/path, of the replica's gRPC server.")
     labels: dict[str, str] = Field(default_factory=lambda: {"version": "v1"}, description="Pod labels.")
 
-    _check = field_validator("address")(classmethod(lambda cls, v: _address(v)))
+    _check = field_validator("address")(classmethod(lambda cls, v: _socket_or_address(v)))
 
 
 class MeshService(_Strict):
     """A service as the mesh sees it: its endpoints and the local address that plays its Kubernetes Service."""
 
-    listen: str = Field(description="host:port of the outbound listener callers use for this service.")
+    listen: str = Field(
+        description="host:port of the outbound listener callers use for this service, or unix:/abs/path for a socket "
+        "only the mesh's user may connect to (mode 0600)."
+    )
     replicas: list[MeshEndpoint] = Field(default_factory=list, description="Its endpoints, one per replica.")
     dynamic: bool = Field(
         False,
@@ -68,7 +94,7 @@ class MeshService(_Strict):
         "runs (file-based EDS); False: the replicas are fixed in envoy.yaml.",
     )
 
-    _check = field_validator("listen")(classmethod(lambda cls, v: _address(v)))
+    _check = field_validator("listen")(classmethod(lambda cls, v: _socket_or_address(v)))
 
 
 class HealthCheck(_Strict):
@@ -92,6 +118,29 @@ class IngressTls(_Strict):
 
     cert_chain: Path = Field(description="PEM certificate chain (server certificate first).")
     private_key: Path = Field(description="PEM private key of the server certificate.")
+
+
+class Egress(_Strict):
+    """The edge tier's way to the cloud tier: a loopback listener whose routes are the VirtualService of a
+    ServiceEntry host (istio/edge), leading to the cloud tier's ingress."""
+
+    listen: str = Field(description="host:port of the egress listener (what the edge gateway calls the cloud at).")
+    cloud_ingress: str = Field(description="host:port of the cloud tier's ingress (plays the ServiceEntry host).")
+    host: str | None = Field(
+        None, description="The ServiceEntry host this egress leads to; None: the only ServiceEntry of istio/."
+    )
+    tls_ca: Path | None = Field(
+        None,
+        description="PEM CA certificate the cloud ingress's certificate must chain to (the DestinationRule's tls "
+        "SIMPLE); None: the local cloud ingress is plaintext.",
+    )
+    tls_server_name: str | None = Field(
+        None,
+        description="With `tls_ca`: the name sent as SNI and required among the certificate's subject alternative "
+        "names; None: the host of `cloud_ingress`.",
+    )
+
+    _check = field_validator("listen", "cloud_ingress")(classmethod(lambda cls, v: _address(v)))
 
 
 class MeshTopology(_Strict):
@@ -120,6 +169,9 @@ class MeshTopology(_Strict):
         description="Issuer -> JWKS JSON, replacing the inline `jwks` of the RequestAuthentication rule of that "
         "issuer (the local stack's own signing key; istio/ holds a placeholder the cluster overlays).",
     )
+    egress: Egress | None = Field(
+        None, description="The edge tier's egress listener to the cloud tier; None: no egress (one tier, or the cloud)."
+    )
     authenticate: bool = Field(
         True,
         description="False: no jwt_authn at the ingress, so no caller has a principal: ALLOW rules asking only for "
@@ -136,6 +188,12 @@ class MeshTopology(_Strict):
     @classmethod
     def _admin(cls, value: str) -> str:
         return _admin_address(value)
+
+    @model_validator(mode="after")
+    def _egress_name_free(self) -> MeshTopology:
+        if self.egress is not None and "egress" in self.services:
+            raise ValueError("a service named 'egress' and the egress listener would share a listener name")
+        return self
 
     @classmethod
     def load(cls, path: Path | str) -> MeshTopology:

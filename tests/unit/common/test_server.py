@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import AsyncIterator
 
 import grpc
@@ -94,3 +95,22 @@ async def test_reflection_lists_services_and_size_limit(service: GrpcService) ->
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await call(channel)(b"x" * 8192, timeout=5)
         assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+async def test_a_unix_socket_server_is_its_owners_alone_and_replaces_a_stale_socket(tmp_path) -> None:
+    folder = tmp_path / "sockets"
+    folder.mkdir(mode=0o700)
+    path = folder / "svc.sock"
+    with socket.socket(socket.AF_UNIX) as stale:  # a leftover of a crashed run: the file stays after close
+        stale.bind(str(path))
+    settings = ServiceSettings(host="127.0.0.1", port=0, unix_socket=path, metrics_port=0, grace_period_s=0)
+    svc = GrpcService("test", settings, [SERVICE])
+    handler = grpc.unary_unary_rpc_method_handler(echo)
+    svc.server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(SERVICE, {"Echo": handler})])
+    assert await svc.start() == 0 and svc.address == f"unix:{path}"
+    try:
+        assert path.is_socket() and path.stat().st_mode & 0o777 == 0o600
+        async with grpc.aio.insecure_channel(svc.address) as channel:
+            assert await call(channel)(b"ok", timeout=5) == b"ok"
+    finally:
+        await svc.server.stop(0)
