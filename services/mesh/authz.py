@@ -3,17 +3,19 @@
 istiod (pilot/pkg/security/authz/builder and model) renders one RBAC filter per action, DENY before ALLOW; each rule
 is a policy `ns[<namespace>]-policy[<name>]-rule[<i>]` whose permissions AND the `to` fields (values ORed) and whose
 principals AND the `from` fields; a request principal `iss/sub` is matched on the payload jwt_authn stores in its
-dynamic metadata. Only the fields an ingress policy can mean locally are accepted: request principals and paths.
+dynamic metadata; a `when` condition on a request header is a principal matching that header, after the `from`
+fields. Only the fields an ingress policy can mean locally are accepted: request principals, paths, request headers.
 """
 
 from __future__ import annotations
 
 import copy
+import re
 from typing import Any
 
 from services.mesh.errors import MeshConfigError
 from services.mesh.gateways import selects_ingress
-from services.mesh.istio import AuthorizationPolicy, Rule, Source
+from services.mesh.istio import AuthorizationPolicy, Condition, Rule, Source
 from services.mesh.loader import IstioConfig
 
 RBAC_FILTER = "envoy.filters.http.rbac"
@@ -25,6 +27,7 @@ ANY_AUTHENTICATED = "*"
 MATCH_ANY: dict[str, Any] = {"safe_regex": {"regex": ".+"}}
 # Istio's rbacPolicyMatchNever: what a policy without rules becomes (an ALLOW policy that admits nobody).
 MATCH_NEVER = {"permissions": [{"not_rule": {"any": True}}], "principals": [{"not_id": {"any": True}}]}
+REQUEST_HEADER = re.compile(r"^request\.headers\[([^\[\]]+)\]$")
 
 
 def ingress_policies(istio: IstioConfig) -> list[AuthorizationPolicy]:
@@ -55,6 +58,14 @@ def check_ingress_policy(policy: AuthorizationPolicy, where: str) -> None:
                 raise MeshConfigError(
                     f"{where}: spec.rules.{i}.to.{j}.operation: only `paths` is supported at the local ingress"
                 )
+        for j, c in enumerate(rule.when):
+            if not REQUEST_HEADER.match(c.key):
+                raise MeshConfigError(
+                    f"{where}: spec.rules.{i}.when.{j}.key: {c.key!r}: only request.headers[<name>] conditions are "
+                    "supported at the local ingress"
+                )
+            if not c.values and not c.not_values:
+                raise MeshConfigError(f"{where}: spec.rules.{i}.when.{j}: needs values or notValues")
 
 
 def string_matcher(value: str) -> dict[str, Any]:
@@ -104,6 +115,31 @@ def request_principals(values: list[str]) -> dict[str, Any]:
     return ors[0] if len(ors) == 1 else {"or_ids": {"ids": ors}}
 
 
+def header_matcher(name: str, value: str) -> dict[str, Any]:
+    """Istio's HeaderMatcher for a condition value: `*` present, `*x` suffix, `x*` prefix, else exact."""
+    if value == "*":
+        return {"header": {"name": name, "present_match": True}}
+    return {"header": {"name": name, "string_match": string_matcher(value)}}
+
+
+def either(ids: list[dict[str, Any]]) -> dict[str, Any]:
+    return ids[0] if len(ids) == 1 else {"or_ids": {"ids": ids}}
+
+
+def condition_principals(conditions: list[Condition]) -> list[dict[str, Any]]:
+    """The principals ANDed for `when` conditions on request headers (values ORed, notValues negated)."""
+    out: list[dict[str, Any]] = []
+    for condition in conditions:
+        match = REQUEST_HEADER.match(condition.key)
+        assert match is not None, condition.key  # check_ingress_policy refused any other key
+        name = match.group(1).lower()
+        if condition.values:
+            out.append(either([header_matcher(name, v) for v in condition.values]))
+        if condition.not_values:
+            out.append({"not_id": either([header_matcher(name, v) for v in condition.not_values])})
+    return out
+
+
 def waived(values: list[str], action: str, authenticate: bool) -> list[str]:
     """Without authentication at the ingress, an ALLOW rule's "any authenticated caller" admits every caller."""
     if not authenticate and action == "ALLOW" and ANY_AUTHENTICATED in values:
@@ -127,6 +163,7 @@ def rule_policy(rule: Rule, action: str, authenticate: bool) -> dict[str, Any]:
             ids.append(request_principals(values))
         if source.not_request_principals:
             ids.append({"not_id": request_principals(source.not_request_principals)})
+        ids.extend(condition_principals(rule.when))
         principals.append({"and_ids": {"ids": ids or [{"any": True}]}})
     return {"permissions": permissions, "principals": principals}
 

@@ -126,8 +126,18 @@ class VirtualServiceSpec(IstioModel):
 # -- DestinationRule ---------------------------------------------------------------------------------------
 
 
+class LocalityLoadBalancerSetting(IstioModel):
+    """Only `enabled` (no `failover`, `distribute`): a policy that may fail over to another locality is refused, as
+    it could carry traffic to a tier that must not see it."""
+
+    enabled: bool | None = None
+
+
 class LoadBalancerSettings(IstioModel):
-    simple: Literal["UNSPECIFIED", "LEAST_REQUEST", "ROUND_ROBIN", "RANDOM", "PASSTHROUGH", "LEAST_CONN"]
+    simple: Literal["UNSPECIFIED", "LEAST_REQUEST", "ROUND_ROBIN", "RANDOM", "PASSTHROUGH", "LEAST_CONN"] = (
+        "UNSPECIFIED"
+    )
+    locality_lb_setting: LocalityLoadBalancerSetting | None = None
 
 
 class TCPSettings(IstioModel):
@@ -163,10 +173,21 @@ class OutlierDetection(IstioModel):
     min_health_percent: int | None = Field(None, ge=0, le=100)
 
 
+class ClientTLSSettings(IstioModel):
+    """TLS a client originates: SIMPLE (verify the server) to an external host; locally the CA is the topology's."""
+
+    mode: Literal["DISABLE", "SIMPLE", "MUTUAL", "ISTIO_MUTUAL"]
+    sni: str | None = None
+    subject_alt_names: list[str] = Field(default_factory=list)
+    credential_name: str | None = None
+    ca_certificates: str | None = None
+
+
 class TrafficPolicy(IstioModel):
     load_balancer: LoadBalancerSettings | None = None
     connection_pool: ConnectionPoolSettings | None = None
     outlier_detection: OutlierDetection | None = None
+    tls: ClientTLSSettings | None = None
 
 
 class Subset(IstioModel):
@@ -179,6 +200,26 @@ class DestinationRuleSpec(IstioModel):
     host: str
     traffic_policy: TrafficPolicy | None = None
     subsets: list[Subset] = Field(default_factory=list)
+    export_to: list[str] = Field(default_factory=list)
+
+
+# -- ServiceEntry --------------------------------------------------------------------------------------------
+
+
+class ServicePort(IstioModel):
+    number: int = Field(ge=1, le=65535)
+    name: str = Field(min_length=1)
+    protocol: Literal["HTTP", "HTTP2", "GRPC", "HTTPS", "TLS", "TCP"] | None = None
+    target_port: int | None = Field(None, ge=1, le=65535)
+
+
+class ServiceEntrySpec(IstioModel):
+    """A host outside the mesh (the cloud tier's ingress, as the edge sees it)."""
+
+    hosts: list[str] = Field(min_length=1)
+    location: Literal["MESH_EXTERNAL", "MESH_INTERNAL"] = "MESH_EXTERNAL"
+    resolution: Literal["NONE", "STATIC", "DNS", "DNS_ROUND_ROBIN"] = "NONE"
+    ports: list[ServicePort] = Field(min_length=1)
     export_to: list[str] = Field(default_factory=list)
 
 
@@ -250,9 +291,19 @@ class RuleTo(IstioModel):
     operation: Operation
 
 
+class Condition(IstioModel):
+    """A `when` condition: the attribute `key` (e.g. request.headers[x-name]) has one of `values`, none of
+    `notValues`."""
+
+    key: str = Field(min_length=1)
+    values: list[str] = Field(default_factory=list)
+    not_values: list[str] = Field(default_factory=list)
+
+
 class Rule(IstioModel):
     from_: list[RuleFrom] = Field(default_factory=list, alias="from")
     to: list[RuleTo] = Field(default_factory=list)
+    when: list[Condition] = Field(default_factory=list)
 
 
 class AuthorizationPolicySpec(IstioModel):
@@ -405,6 +456,12 @@ class EnvoyFilter(Resource):
     spec: EnvoyFilterSpec
 
 
+class ServiceEntry(Resource):
+    api_version: Literal["networking.istio.io/v1", "networking.istio.io/v1beta1", "networking.istio.io/v1alpha3"]
+    kind: Literal["ServiceEntry"]
+    spec: ServiceEntrySpec
+
+
 class Telemetry(Resource):
     api_version: Literal["telemetry.istio.io/v1", "telemetry.istio.io/v1alpha1"]
     kind: Literal["Telemetry"]
@@ -422,6 +479,7 @@ KINDS: dict[str, type[Resource]] = {
         RequestAuthentication,
         EnvoyFilter,
         Telemetry,
+        ServiceEntry,
     )
 }
 
@@ -446,5 +504,13 @@ NOT_APPLICABLE_LOCALLY: dict[str, str] = {
     "*.metadata.namespace/labels/annotations": "the local mesh has a single namespace",
     "*.spec.exportTo": "visibility across namespaces; the local mesh has a single namespace",
     "Destination.port": "a service has one gRPC port; locally its listener is the topology's `listen` address",
+    "ServiceEntry.spec.location/resolution/ports": "how the sidecar reaches the external host; locally the host is "
+    "the topology's `egress.cloud_ingress` address, reached from the `egress.listen` listener",
+    "DestinationRule.trafficPolicy.tls (ServiceEntry host)": "SIMPLE: the egress originates TLS, trusting the "
+    "topology's `egress.tls_ca` (without one the local cloud ingress is plaintext); sni/subjectAltNames/"
+    "credentialName/caCertificates name the real cloud host and secret",
+    "DestinationRule.trafficPolicy.tls (mesh services)": "mutual TLS between sidecars needs workload certificates",
+    "DestinationRule.trafficPolicy.loadBalancer.localityLbSetting": "one machine is one locality (`failover` and "
+    "`distribute` are refused: no locality failover)",
 }
 """Fields accepted from `istio/` that mean nothing on one machine, with why; everything else is translated."""

@@ -21,6 +21,7 @@ from services.mesh.istio import (
     PeerAuthentication,
     RequestAuthentication,
     Resource,
+    ServiceEntry,
     Telemetry,
     VirtualService,
 )
@@ -69,6 +70,10 @@ class IstioConfig:
     @property
     def envoy_filters(self) -> list[EnvoyFilter]:
         return self.of(EnvoyFilter)
+
+    @property
+    def service_entries(self) -> list[ServiceEntry]:
+        return self.of(ServiceEntry)
 
 
 def parse_resource(doc: dict[str, Any], source: Path) -> Resource:

@@ -45,7 +45,7 @@ def test_variant_replaces_the_resource_of_the_same_name() -> None:
             "spec.http.0.retries.retryOnn",
         ),
         (dr({"host": "model", "trafficPolicy": {"outlierDetecton": {}}}), "spec.trafficPolicy.outlierDetecton"),
-        (dr({"host": "model", "trafficPolicy": {"tls": {"mode": "ISTIO_MUTUAL"}}}), "spec.trafficPolicy.tls"),
+        (dr({"host": "model", "trafficPolicy": {"tunnel": {"protocol": "CONNECT"}}}), "spec.trafficPolicy.tunnel"),
         (vs([{"route": [{"destination": {"host": "model"}}], "timeout": "ten seconds"}]), "spec.http.0.timeout"),
     ],
 )
@@ -61,9 +61,9 @@ def test_unsupported_field_is_an_error_naming_file_and_field(write_yaml, doc: di
 
 
 def test_unsupported_kind_is_an_error(write_yaml) -> None:
-    doc = {"apiVersion": "networking.istio.io/v1", "kind": "ServiceEntry", "metadata": {"name": "x"}, "spec": {}}
+    doc = {"apiVersion": "networking.istio.io/v1", "kind": "Sidecar", "metadata": {"name": "x"}, "spec": {}}
     path = write_yaml("istio/se.yaml", doc)
-    with pytest.raises(MeshConfigError, match=r"se\.yaml: kind 'ServiceEntry' \('x'\) is not supported"):
+    with pytest.raises(MeshConfigError, match=r"se\.yaml: kind 'Sidecar' \('x'\) is not supported"):
         load_istio([path])
 
 
