@@ -1,4 +1,4 @@
-"""The `meshserve` console script: up, token, ca, infer, demo, status, canary, traces."""
+"""The `meshserve` console script: up, down, token, ca, infer, demo, status, canary, traces."""
 
 from __future__ import annotations
 
@@ -82,7 +82,10 @@ PortBase = Annotated[int, typer.Option(help=PORT_BASE_HELP)]
 GatewayPort = Annotated[int | None, typer.Option(help="Gateway port (overrides the port base).")]
 TopologyFile = Annotated[
     Path | None,
-    typer.Option(help="Stack topology YAML: model replica groups, subsets, pinned versions (default: the demo's)."),
+    typer.Option(
+        help="Stack topology YAML: model replica groups, subsets, pinned versions (default: the demo's); "
+        "`edge_cloud` (or a file with `cloud` and `edge` tiers) runs an edge and a cloud stack."
+    ),
 ]
 UpLogDir = Annotated[Path, typer.Option(help="Folder for each process's log (and stack.json).")]
 Models = Annotated[Path | None, typer.Option(help="Model repository (default: ./models).")]
@@ -144,9 +147,14 @@ def up(
     (services/cli/stack/demo_topology.yaml). The ingress speaks TLS with a certificate of the stack's own CA and wants
     a token (`meshserve token`); the secrets live in <log-dir>/secrets, made at the first `up` and kept.
     """
+    from services.cli.stack.tiers import tier_topology_file
     from services.cli.stack.up import run_stack
     from services.mesh import MeshConfigError
 
+    tiers_file = tier_topology_file(topology)
+    if tiers_file is not None:
+        options = dict(host=host, traces=traces, insecure=insecure, tracing_mode=tracing_mode.value)
+        _up_tiers(tiers_file, log_dir, port_base, models, start_timeout, stop_timeout, demo, options)
     layout = _stack_layout(
         topology,
         log_dir,
@@ -167,6 +175,42 @@ def up(
     )
     try:
         code = asyncio.run(run)
+    except MeshConfigError as e:
+        err.print(f"[red]mesh configuration[/]: {e}", highlight=False)
+        raise typer.Exit(2) from None
+    raise typer.Exit(code)
+
+
+def _up_tiers(
+    path: Any,
+    log_dir: Path,
+    port_base: int,
+    models: Path | None,
+    start_timeout: float,
+    stop_timeout: float,
+    demo: float,
+    options: dict[str, Any],
+) -> None:
+    """`up` with a two-tier topology (services/cli/stack/tiers.py): the cloud and the edge stack, each in its own
+    state dir under `log_dir`; exits with their run's code (2 on a bad topology, clashing ports, a bad mesh)."""
+    from services.cli.stack.tiers import EdgeCloudTopology, tier_layouts
+    from services.cli.stack.tiers_up import run_tiers
+    from services.cli.stack.topology import TopologyFileError
+    from services.mesh import MeshConfigError
+
+    try:
+        layouts = tier_layouts(EdgeCloudTopology.load(path), log_dir, port_base, models, **options)
+    except TopologyFileError as e:
+        err.print(f"[red]topology[/]: {e}", highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+    except ValueError as e:
+        err.print(f"[red]layout[/]: {e}", highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+    if not layouts.edge.models_dir.is_dir():
+        err.print(f"model repository {layouts.edge.models_dir} not found (build it with `make models`, or --models)")
+        raise typer.Exit(2)
+    try:
+        code = asyncio.run(run_tiers(layouts, console, start_timeout, stop_timeout, demo_s=demo))
     except MeshConfigError as e:
         err.print(f"[red]mesh configuration[/]: {e}", highlight=False)
         raise typer.Exit(2) from None
@@ -260,6 +304,15 @@ def demo(
     log_dir: StackDir = DEFAULT_LOG_DIR,
     token: Token = None,
     ca: CaFile = None,
+    tier_mix: Annotated[
+        float | None,
+        typer.Option(
+            min=0,
+            max=1,
+            help="Two tiers (`up --topology edge_cloud`): this share of requests sensitive (identifiers present), "
+            "the rest general (identifiers empty); the summary shows answers per tier and bytes sent to the cloud.",
+        ),
+    ] = None,
 ) -> None:
     """Send synthetic transactions to the fraud pipeline with a live view; print a summary."""
     import grpc
@@ -268,6 +321,9 @@ def demo(
     from services.cli.infer import rpc_error_message
 
     endpoint = _endpoint(address, log_dir, token, ca, subject="demo")
+    if tier_mix is not None:
+        _tier_demo(endpoint, duration, concurrency, tier_mix, log_dir, summary_json)
+        return
     try:
         summary = asyncio.run(run_demo(endpoint, duration, concurrency, pipeline, seed, repeat, live=live))
     except grpc.RpcError as e:
@@ -287,6 +343,28 @@ def demo(
         raise typer.Exit(1)
 
 
+def _tier_demo(
+    endpoint: Endpoint, duration: float, concurrency: int, share: float, log_dir: Path, summary_json: Path | None
+) -> None:
+    """`demo --tier-mix`: the mix of sensitive and general requests, answers per tier, bytes sent to the cloud."""
+    import grpc
+
+    from services.cli.infer import rpc_error_message
+    from services.cli.tier_demo import render_tiers, run_tier_demo, summary_line
+
+    try:
+        summary = asyncio.run(run_tier_demo(endpoint, duration, concurrency, share, log_dir))
+    except grpc.RpcError as e:
+        err.print(f"[red]fraud[/]: {rpc_error_message(e, endpoint.address)}", highlight=False, soft_wrap=True)
+        raise typer.Exit(1) from None
+    console.print(render_tiers(summary))
+    console.print(f"[bold]summary[/]: {summary_line(summary)}", highlight=False, soft_wrap=True)
+    if summary_json is not None:
+        summary_json.write_text(json.dumps(summary.to_dict(), indent=2))
+    if not summary.answers:
+        raise typer.Exit(1)
+
+
 @app.command()
 def status(
     log_dir: Annotated[Path, typer.Option(help="Where `meshserve up` wrote stack.json.")] = DEFAULT_LOG_DIR,
@@ -296,6 +374,22 @@ def status(
     from services.cli.status import check_all
 
     raise typer.Exit(check_all(log_dir, port_base, console))
+
+
+@app.command()
+def down(
+    log_dir: Annotated[Path, typer.Option(help="The --log-dir of `meshserve up`.")] = DEFAULT_LOG_DIR,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for it to stop.")] = 60.0,
+) -> None:
+    """Stop the local stack running in --log-dir (both tiers of `up --topology edge_cloud`): SIGTERM to its
+    `meshserve up`, then wait until every process has stopped."""
+    from services.cli.stack.tiers_up import stop_running
+
+    try:
+        console.print(stop_running(log_dir, timeout), highlight=False)
+    except ProcessLookupError as e:
+        err.print(f"[red]down[/]: {e}", highlight=False, soft_wrap=True)
+        raise typer.Exit(1) from None
 
 
 @app.command()

@@ -140,8 +140,17 @@ def starting(log_dir: Path) -> set[str]:
 
 def check_all(log_dir: Path, port_base: int, console: Console) -> int:
     """Print the health table, then the replicas per subset; 0 when every process is healthy (or a replica the
-    autoscaler is starting), else 1."""
-    table = Table(title="meshserve stack")
+    autoscaler is starting), else 1. A stack of tiers (`up --topology edge_cloud`): a table per tier."""
+    tiers = (read_state(log_dir) or {}).get("tiers")
+    if isinstance(tiers, dict) and tiers:
+        codes = [check_stack(Path(str(d)), port_base, console, f"{name} tier") for name, d in tiers.items()]
+        return int(any(codes))
+    return check_stack(log_dir, port_base, console)
+
+
+def check_stack(log_dir: Path, port_base: int, console: Console, title: str = "meshserve stack") -> int:
+    """One stack's health table and replicas per subset; 0 when healthy, else 1."""
+    table = Table(title=title)
     for column in ("service", "address", "health"):
         table.add_column(column)
     unhealthy = 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import re
 import signal
 import time
@@ -18,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from services.cli.connect import Endpoint
-from services.cli.stack.credentials import StackSecrets
+from services.cli.stack.credentials import SecretsError, StackSecrets
 from services.cli.stack.layout import MESH_DIR, ModelReplica, StackLayout
 from services.cli.stack.mesh import prepare_mesh, wait_in_rotation
 from services.cli.stack.specs import (
@@ -79,6 +80,7 @@ def write_state(
     running = {s.name for s in specs}
     secure = layout.mesh and not layout.insecure and secrets is not None
     state = {
+        "pid": os.getpid(),  # `meshserve down` signals it
         "redis_url": redact(redis_url),
         "valkey": layout.address(layout.valkey_port) if layout.valkey_port is not None else None,
         "gateway": layout.address(layout.gateway_port),
@@ -182,8 +184,9 @@ async def run_stack(
     """Run the stack until a signal; 0 after a clean stop, 1 when it could not start.
 
     The stack's secrets (services.cli.stack.credentials) are made in `log_dir` unless they are there already. With
-    `layout.valkey_port`, Valkey runs under the supervisor with the secrets' password (`redis_url` is then ignored);
-    otherwise feature and cache use `redis_url`. With `demo_s`, synthetic traffic runs for that long once the stack
+    `layout.valkey_port`, two Valkeys run under the supervisor with the secrets' password, the feature store's
+    (append-only file, noeviction) and the cache's (allkeys-lru), and `redis_url` is ignored; otherwise feature and
+    cache both use `redis_url`. With `demo_s`, synthetic traffic runs for that long once the stack
     is up, then a summary and how to call the endpoint are printed, and the stack keeps serving. When a model group
     autoscales, the autoscaler runs from the moment the stack is up (services.cli.stack.autoscaler); after the demo
     a group that may sleep is shown going to zero and coming back.
@@ -198,7 +201,8 @@ async def run_stack(
     run = StackRun(layout, log_dir, console, secrets, stop, mesh=mesh)
     try:
         run.redis_url = stack_redis_url(layout, secrets, redis_url)
-        run.specs = build_specs(layout, run.redis_url, envoy_command, secrets)
+        cache_url = stack_redis_url(layout, secrets, redis_url, cache=True)
+        run.specs = build_specs(layout, run.redis_url, envoy_command, secrets, cache_redis_url=cache_url)
         busy = busy_ports(layout, run.specs)
         if busy:
             console.print(f"[red]ports in use[/]: {'; '.join(busy)} (choose others with --port-base)")
@@ -265,19 +269,21 @@ def stop_on_signals() -> asyncio.Event:
     return stop
 
 
-def stack_redis_url(layout: StackLayout, secrets: StackSecrets, external: str | None) -> str:
-    """The Redis URL feature and cache get: the supervised Valkey's (its config written, with the secrets' password),
-    else the external `external`."""
-    if layout.valkey_port is None:
+def stack_redis_url(layout: StackLayout, secrets: StackSecrets, external: str | None, cache: bool = False) -> str:
+    """The Redis URL the feature service (`cache`: the cache service) gets: its supervised Valkey's (its config
+    written, with the secrets' password: services.common.embedded.FEATURE_STORE or CACHE), else `external`."""
+    port = layout.valkey_cache_port if cache else layout.valkey_port
+    if port is None:
         if external is None:
             raise ValueError("an external Redis needs its URL (or give the layout a Valkey port)")
         return external
+    from services.common.embedded import CACHE, FEATURE_STORE, write_valkey_config
     from services.common.embedded import redis_url as valkey_url
-    from services.common.embedded import write_valkey_config
 
     password = secrets.valkey_password()
-    write_valkey_config(layout.valkey_config, layout.host, layout.valkey_port, password)
-    return valkey_url(layout.host, layout.valkey_port, password)
+    config = layout.valkey_cache_config if cache else layout.valkey_config
+    write_valkey_config(config, layout.host, port, password, CACHE if cache else FEATURE_STORE)
+    return valkey_url(layout.host, port, password)
 
 
 def supervise(run: StackRun, policy: BackoffPolicy | None, stop_timeout_s: float) -> Supervisor:
@@ -330,7 +336,13 @@ def announce(run: StackRun, endpoint: Endpoint, example: bool = True) -> None:
             if layout.tracing_mode == "retroactive"
             else "head sampling"
         )
-        console.print(f"trace UI at {ui} (search, waterfalls, hotspots; {kept})", highlight=False, soft_wrap=True)
+        from services.traces.web import with_token
+
+        try:  # the stack's specs made it; `meshserve traces ui` opens it
+            login = with_token(ui, run.secrets.ui_token())
+        except SecretsError:
+            login = ui
+        console.print(f"trace UI at {login} (search, waterfalls, hotspots; {kept})", highlight=False, soft_wrap=True)
     if example:
         from services.cli.howto import how_to_call
 
