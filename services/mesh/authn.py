@@ -8,15 +8,24 @@ is refused by RBAC with 403, which a gRPC client sees as PERMISSION_DENIED, "you
 are you?", UNAUTHENTICATED. So on the paths where RBAC could only refuse an anonymous caller the requirement here is
 a valid token (no allow_missing); the paths an ALLOW rule opens to anonymous callers (health probes) keep Istio's
 requirement. What is allowed is unchanged: only the status of the refusal differs.
+
+Unlike istiod, every provider also requires `exp` (`require_expiration`): a token signed with the right key but
+without an expiry would otherwise never expire. (Istio's JWTRule has no such field; in a cluster an
+AuthorizationPolicy `when: request.auth.claims[exp]` does the same.)
+
+Envoy's own calls to the OTLP collector (its tracer and its access log) carry the stack's internal credential when
+the topology names its file (add_otlp_credential), as every process of the stack sends it.
 """
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from services.mesh.authz import JWT_FILTER, JWT_PAYLOAD
+from services.mesh.clusters import OTLP_CLUSTER
 from services.mesh.errors import MeshConfigError
 from services.mesh.gateways import selects_ingress
 from services.mesh.istio import JWTRule
@@ -58,6 +67,7 @@ def provider(rule: JWTRule, jwks: Mapping[str, str], where: str) -> dict[str, An
         out["audiences"] = list(rule.audiences)
     if rule.forward_original_token:
         out["forward"] = True
+    out["require_expiration"] = True
     out["payload_in_metadata"] = JWT_PAYLOAD
     out["normalize_payload_in_metadata"] = {"space_delimited_claims": list(SPACE_DELIMITED_CLAIMS)}
     if rule.output_claim_to_headers:
@@ -103,3 +113,28 @@ def jwt_authn_filter(
         requirement_rules.append({"match": {"prefix": "/"}, "requires": required})  # missing token: 401, see above
     config = {"@type": JWT_TYPE, "providers": providers, "rules": requirement_rules, "bypass_cors_preflight": True}
     return {"name": JWT_FILTER, "typed_config": config}
+
+
+def read_token(path: Path) -> str:
+    """The bearer token in `path` (MeshConfigError when it cannot be read or is empty)."""
+    try:
+        token = path.read_text().strip()
+    except OSError as exc:
+        raise MeshConfigError(f"topology.otlp_token_file: cannot read {path} ({exc.strerror})") from None
+    if not token:
+        raise MeshConfigError(f"topology.otlp_token_file: {path} is empty")
+    return token
+
+
+def add_otlp_credential(config: Any, token: str) -> None:
+    """Give every gRPC service of `config` (listeners: the tracers and access loggers) that calls the OTLP collector
+    an `authorization: Bearer <token>` header (grpc_service.initial_metadata), in place."""
+    if isinstance(config, list):
+        for item in config:
+            add_otlp_credential(item, token)
+    elif isinstance(config, dict):
+        service = config.get("grpc_service")
+        if isinstance(service, dict) and service.get("envoy_grpc", {}).get("cluster_name") == OTLP_CLUSTER:
+            service["initial_metadata"] = [{"key": "authorization", "value": f"Bearer {token}"}]
+        for value in config.values():
+            add_otlp_credential(value, token)

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from services.mesh.access_log import access_log
-from services.mesh.authn import check_jwks, ingress_jwt_rules, jwt_authn_filter
+from services.mesh.authn import add_otlp_credential, check_jwks, ingress_jwt_rules, jwt_authn_filter, read_token
 from services.mesh.authz import anonymous_paths, ingress_policies, rbac_filters
 from services.mesh.clusters import cluster_members, load_assignment, render_clusters
 from services.mesh.egress import check_mesh_tls, egress_cluster, egress_listener, egress_route
@@ -113,6 +113,8 @@ def render(
         listeners.append(egress_listener(istio, topology, routes_dir))
         clusters.append(egress_cluster(istio, topology.egress))
     traced = any("tracing" in hcm_of(item) for item in listeners)
+    if topology.otlp_token_file is not None:
+        add_otlp_credential(listeners, read_token(topology.otlp_token_file))
     bootstrap: dict[str, Any] = {
         "node": {"id": topology.node_id, "cluster": "meshserve"},
         "admin": {"address": admin_address(topology.admin)},

@@ -42,5 +42,9 @@ def write_endpoints(path: Path, assignment: dict[str, Any], version: str | None 
 
 
 def write_bootstrap(path: Path, bootstrap: dict[str, Any]) -> None:
+    """envoy.yaml, readable by its owner only from the first byte on (it may hold the collector's credential)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(bootstrap, sort_keys=False))
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(yaml.safe_dump(bootstrap, sort_keys=False))

@@ -159,6 +159,11 @@ class MeshTopology(_Strict):
         description="With `otlp`: send every request's access log record to its LogsService too, from which "
         "retroactive tracing rebuilds Envoy's spans of kept requests Envoy did not sample.",
     )
+    otlp_token_file: Path | None = Field(
+        None,
+        description="With `otlp`: a file holding the bearer token Envoy sends the collector (its tracer's and access "
+        "log's `authorization` header; the local stack's internal credential); None: none sent.",
+    )
     health_check: HealthCheck | None = Field(default_factory=HealthCheck)
     node_id: str = "meshserve-local"
     ingress_tls: IngressTls | None = Field(

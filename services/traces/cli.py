@@ -218,23 +218,66 @@ def ui(
     db: Db = DEFAULT_DB,
     host: Annotated[str, typer.Option("--host", help="Address to bind (loopback by default).")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", min=0, max=65535, help="HTTP port (0: a free one).")] = 8091,
+    serve: Annotated[
+        bool, typer.Option("--serve", help="Serve a UI of its own even when the running stack serves one.")
+    ] = False,
+    browser: Annotated[bool, typer.Option("--browser/--no-browser", help="Open the address in a browser.")] = True,
 ) -> None:
-    """Serve the trace UI (search, waterfall, hotspots) over the store until Ctrl-C; prints its address."""
+    """Open the trace UI (search, waterfall, hotspots): the running stack's, at the address with the token its
+    `meshserve up` made; without one (or with --serve), serve it over the store until Ctrl-C, with a fresh token."""
     from services.traces.web import TraceUI
 
+    running = None if serve else stack_ui(db)
+    if running is not None:
+        folder, url = running
+        Console().print(f"trace UI of the stack in {folder}: {url}", highlight=False, markup=False, soft_wrap=True)
+        if browser:
+            open_in_browser(url)
+        return
     if not db.exists():
         _missing(db)
     try:
         server = TraceUI(db, host, port)
     except OSError as exc:
         _cannot_bind(host, port, db, exc)
-    Console().print(f"trace UI at {server.url} (store {db}); Ctrl-C stops", highlight=False, markup=False)
+    Console().print(
+        f"trace UI at {server.login_url} (store {db}); Ctrl-C stops", highlight=False, markup=False, soft_wrap=True
+    )
+    if browser:
+        open_in_browser(server.login_url)
     try:
         server.serve_forever()
     except KeyboardInterrupt:
         pass
     finally:
         server.stop()
+
+
+def stack_ui(db: Path) -> tuple[Path, str] | None:
+    """(log dir, address with its token) of the trace UI of a running stack that keeps `db` or runs from the default
+    log dir; None when none runs one (or its token cannot be read: another user's stack)."""
+    from services.cli.stack.credentials import SecretsError, StackSecrets
+    from services.traces.web import with_token
+
+    for folder in dict.fromkeys((db.parent, default_log_dir())):
+        state = read_state(folder)
+        if state is None or not state.get("traces_ui") or not state.get("secrets_dir"):
+            continue
+        try:
+            token = StackSecrets(Path(state["secrets_dir"])).ui_token()
+        except SecretsError:
+            continue
+        return folder, with_token(str(state["traces_ui"]), token)
+    return None
+
+
+def open_in_browser(url: str) -> None:
+    """Open `url` in the desktop's browser, where there is a desktop (a text browser would take the terminal)."""
+    import os
+    import webbrowser
+
+    if sys.platform == "darwin" or os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"):
+        webbrowser.open(url, new=2)
 
 
 def _cannot_bind(host: str, port: int, db: Path, exc: OSError) -> NoReturn:

@@ -1,6 +1,8 @@
 """The local stack's secrets in `<log-dir>/secrets/` (0700, files 0600), made once at `meshserve up` and reused: a
 local CA and the ingress certificate it signs, the ES256 key that signs callers' tokens and its JWKS, the operator's
-token every service checks, and Valkey's password."""
+token every service checks, Valkey's password, and the internal token the stack's processes show one another on their
+inner endpoints (/metrics, /recording/*, the trace store's OTLP receiver); and the trace UI's token, made afresh at
+every `up` as Jupyter's is."""
 
 from __future__ import annotations
 
@@ -108,6 +110,14 @@ class StackSecrets:
     def valkey_password_file(self) -> Path:
         return self.dir / "valkey-password"
 
+    @property
+    def internal_token_file(self) -> Path:
+        return self.dir / "internal-token"
+
+    @property
+    def ui_token_file(self) -> Path:
+        return self.dir / "traces-ui-token"
+
     # -- made at `up` ------------------------------------------------------------------------------------
 
     @classmethod
@@ -128,7 +138,7 @@ class StackSecrets:
         jwks = tokens.jwks(s.signing_key.read_bytes()).encode()
         if not s.jwks_file.is_file() or s.jwks_file.read_bytes() != jwks:
             _write(s.jwks_file, jwks)
-        for path in (s.operator_token_file, s.valkey_password_file):
+        for path in (s.operator_token_file, s.valkey_password_file, s.internal_token_file):
             if not path.is_file() or not path.read_text().strip():
                 _write(path, secrets.token_urlsafe(32).encode())
         return s
@@ -225,6 +235,19 @@ class StackSecrets:
 
     def jwks(self) -> str:
         return self._read(self.jwks_file).decode()
+
+    def internal_token(self) -> str:
+        """The bearer token the stack's inner endpoints require (services.common.internal_auth)."""
+        return self._read(self.internal_token_file).decode().strip()
+
+    def renew_ui_token(self) -> str:
+        """A fresh token for the trace UI (each `up` makes one, so an address shared before no longer opens it)."""
+        token = secrets.token_urlsafe(24)
+        _write(self.ui_token_file, token.encode())
+        return token
+
+    def ui_token(self) -> str:
+        return self._read(self.ui_token_file).decode().strip()
 
     def ca_pem(self) -> bytes:
         return self._read(self.ca_cert)

@@ -19,7 +19,8 @@ def mesh_topology(layout: StackLayout, secrets: StackSecrets | None = None) -> M
     """The mesh's view of the stack: each service's endpoints with their subset labels (the model's initial replicas;
     the service is dynamic when a group autoscales, its endpoints then changed live), listeners, ingress, admin;
     unless the layout is insecure, the ingress's TLS certificate and the JWKS of the stack's signing key (from
-    `secrets`, which a secure layout needs)."""
+    `secrets`, which a secure layout needs); with `secrets`, insecure or not, the internal credential Envoy sends the
+    trace store."""
     from services.mesh import MeshEndpoint, MeshService, MeshTopology
 
     t = layout
@@ -54,6 +55,7 @@ def mesh_topology(layout: StackLayout, secrets: StackSecrets | None = None) -> M
         ingress=t.address(t.ingress_port),
         admin=t.admin,
         otlp=t.address(t.traces_port) if t.traces_port else None,
+        otlp_token_file=secrets.internal_token_file if secrets is not None and t.traces_port else None,
         access_log=t.tracing_mode == "retroactive",
         **security,
     )

@@ -11,6 +11,7 @@ from pydantic import BaseModel, Field, SecretStr
 from services.cache.settings import CacheSettings
 from services.cli.stack.layout import ModelReplica, StackLayout
 from services.cli.stack.ports import port_in_use
+from services.common.internal_auth import InternalAuthSettings
 from services.common.recording import RecordingSettings
 from services.common.settings import ServiceSettings
 from services.feature.settings import FeatureSettings
@@ -182,10 +183,11 @@ def build_specs(
 
     `redis_url` is what feature and cache get (with the layout's Valkey: its URL, password included). With the mesh
     (`layout.mesh` and Envoy's command), the gateway's upstream addresses are Envoy listeners. With `secrets`, every
-    service gets the operator's token (and the gateway the JWKS), Valkey its password. When a model group
-    autoscales, the scaler runs and every gateway reports its demand to it; the replicas the autoscaler adds later
-    get their specs from `model_spec`. Each service's variables come from its settings class: a field renamed there
-    fails here, before anything starts.
+    service gets the operator's token (and the gateway the JWKS), Valkey its password, every Python process the
+    internal credential (internal_env) and the trace store a fresh UI token (in the secrets, for the CLI). When a
+    model group autoscales, the scaler runs and every gateway reports its demand to it; the replicas the autoscaler
+    adds later get their specs from `model_spec`. Each service's variables come from its settings class: a field
+    renamed there fails here, before anything starts.
     """
     t = layout
     if t.mesh and envoy_command is None:
@@ -205,7 +207,25 @@ def build_specs(
         envoy.depends_on = [s.name for s in specs]
         specs.append(envoy)
     specs += gateway_specs(t, tracing, secrets, depends_on=[s.name for s in specs])
+    internal = internal_env(t, secrets)
+    for spec in specs:
+        if spec.argv[:1] == [sys.executable]:  # the Python processes: Valkey has its password, Envoy its bootstrap
+            spec.env.update(internal)
+        if spec.name == "traces" and secrets is not None and t.traces_ui_port is not None:
+            spec.env[TracesSettings.env_name("ui_token")] = secrets.renew_ui_token()  # afresh at every `up`
     return specs
+
+
+def internal_env(layout: StackLayout, secrets: StackSecrets | None) -> dict[str, str]:
+    """What every Python process of the stack gets to require the internal credential on its inner endpoints and to
+    send it to its peers': the token's file, and with the trace store the OTLP exporters' header (the OTel SDK's and
+    the recorder's read OTEL_EXPORTER_OTLP_HEADERS). `--insecure` changes none of it: only the ingress."""
+    if secrets is None:
+        return {}
+    env = InternalAuthSettings.env_for(token_file=secrets.internal_token_file)
+    if layout.traces_port:
+        env["OTEL_EXPORTER_OTLP_HEADERS"] = f"authorization=Bearer%20{secrets.internal_token()}"
+    return env
 
 
 def tracing_env(layout: StackLayout) -> dict[str, str]:
@@ -252,6 +272,7 @@ def model_spec(
     )
     spec.role = f"model {r.subset} " + ", ".join(f"{m}:{v}" for m, v in r.pinned_versions.items())
     spec.depends_on = list(depends_on)
+    spec.env.update(internal_env(t, secrets))  # also for the replicas the autoscaler adds later
     return spec
 
 

@@ -1,5 +1,6 @@
 """The stack's mesh, rendered from istio/ for the demo layout, is accepted by `envoy --mode validate`: the secure
-ingress (TLS with the stack's certificate, JWT with its JWKS, admin on a Unix socket) and the insecure one."""
+ingress (TLS with the stack's certificate, JWT with its JWKS and a required `exp`, admin on a Unix socket) and the
+insecure one, both sending the trace store the internal credential."""
 
 from __future__ import annotations
 
@@ -37,3 +38,7 @@ def test_the_stack_mesh_renders_and_envoy_accepts_it(tmp_path: Path, insecure: b
     assert str(logs / "mesh" / "admin.sock") in text
     assert ("ingress-key.pem" in text) is not insecure
     assert ("jwt_authn.v3.JwtAuthentication" in text) is not insecure
+    assert ("require_expiration: true" in text) is not insecure
+    # --insecure changes only the ingress: Envoy shows the trace store the internal credential either way
+    token = StackSecrets.of(logs).internal_token()
+    assert f"Bearer {token}" in text and "initial_metadata" in text

@@ -25,6 +25,7 @@ FILES = {
     "jwks.json",
     "operator-token",
     "valkey-password",
+    "internal-token",
 }
 
 
@@ -42,6 +43,17 @@ def test_made_once_owner_only_and_reused(tmp_path: Path) -> None:
     assert contents(StackSecrets.ensure(tmp_path / "logs")) == first  # the next `up` keeps them
     assert len(s.operator_token()) >= 40 and len(s.valkey_password()) >= 40
     assert s.operator_token() != s.valkey_password()
+    assert len(s.internal_token()) >= 40 and s.internal_token() not in (s.operator_token(), s.valkey_password())
+
+
+def test_the_trace_ui_token_is_new_at_every_up(tmp_path: Path) -> None:
+    s = StackSecrets.ensure(tmp_path)
+    with pytest.raises(SecretsError, match="meshserve up"):
+        s.ui_token()
+    first = s.renew_ui_token()
+    assert s.ui_token() == first and len(first) >= 32
+    assert stat.S_IMODE(s.ui_token_file.stat().st_mode) == 0o600
+    assert s.renew_ui_token() != first
 
 
 def test_loose_permissions_are_tightened(tmp_path: Path) -> None:

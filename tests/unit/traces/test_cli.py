@@ -221,3 +221,24 @@ def test_ui_on_a_port_in_use_says_so_and_points_to_the_stacks_own_ui(db: Path) -
     assert f"port {port} on 127.0.0.1 is in use" in result.output
     assert f"already serves this UI at {url}" in result.output
     assert "--port N" in result.output
+
+
+def test_ui_opens_the_running_stacks_ui_with_its_token(db: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    from services.cli.stack.credentials import StackSecrets
+    from services.traces import web
+
+    secrets = StackSecrets.ensure(db.parent)
+    token = secrets.renew_ui_token()
+    url = "http://127.0.0.1:18091/"
+    (db.parent / "stack.json").write_text(json.dumps({"traces_ui": url, "secrets_dir": str(secrets.dir)}))
+    def serve_forever(self: web.TraceUI) -> None:
+        raise RuntimeError("served a UI of its own")
+
+    monkeypatch.setattr(web.TraceUI, "serve_forever", serve_forever)
+    result = runner.invoke(app, ["ui", "--db", str(db), "--no-browser"])
+    assert result.exit_code == 0, result.output
+    assert f"{url}?token={token}" in result.output
+    own = runner.invoke(app, ["ui", "--db", str(db), "--serve", "--port", "0", "--no-browser"])  # --serve: its own
+    assert own.exit_code == 1 and "served a UI of its own" in str(own.exception)
