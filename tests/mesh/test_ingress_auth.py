@@ -108,3 +108,23 @@ def test_without_authentication_every_caller_gets_in_but_nobody_administers(
         assert code_of(mesh, method, [issuer.bearer(OPERATOR)]) == grpc.StatusCode.PERMISSION_DENIED
     assert reached(gateway) == [INFER, INFER]
     assert health(mesh) == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_a_token_without_an_expiry_is_refused(make_mesh: MeshFactory, gateway: FakeReplica, issuer: Issuer) -> None:
+    """Signed with the stack's key, right issuer and audience, but no `exp`: it would never expire."""
+    import jwt
+
+    mesh = make_mesh([], gateway=gateway.address, jwks=issuer.topology_jwks)
+    claims = {"iss": tokens.LOCAL_ISSUER, "sub": "alice", "aud": tokens.AUDIENCE, "iat": int(time.time())}
+    forever = jwt.encode(claims, issuer.key, algorithm=tokens.ALGORITHM, headers={"kid": tokens.KEY_ID})
+    assert code_of(mesh, INFER, [("authorization", f"Bearer {forever}")]) == grpc.StatusCode.UNAUTHENTICATED
+    assert code_of(mesh, UNLOAD, [("authorization", f"Bearer {forever}")]) == grpc.StatusCode.UNAUTHENTICATED
+    assert reached(gateway) == []
+    lasting = jwt.encode(
+        {**claims, "exp": int(time.time()) + 600},
+        issuer.key,
+        algorithm=tokens.ALGORITHM,
+        headers={"kid": tokens.KEY_ID},
+    )
+    assert code_of(mesh, INFER, [("authorization", f"Bearer {lasting}")]) == grpc.StatusCode.OK
+    assert reached(gateway) == [INFER]
