@@ -84,26 +84,38 @@ def metric_sum(text: str, name: str) -> float:
     return total
 
 
-def scrape(url: str | None) -> str:
+def scrape(url: str | None, token: str = "") -> str:
+    """The Prometheus text at `url` (sending the stack's internal token when there is one); empty when unreachable."""
     if url is None:
         return ""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
-        with urllib.request.urlopen(url, timeout=2.0) as response:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=2.0) as response:
             return str(response.read().decode())
     except OSError:
         return ""
 
 
-def edge_gateway_metrics(log_dir: Path | None) -> str | None:
-    """The /metrics URL of the edge gateway of the tiers running in `log_dir` (None: no tiers there)."""
+def internal_token(tier_dir: Path) -> str:
+    """The internal token a tier's /metrics wants (`secrets/internal-token`); empty when it has none."""
+    try:
+        return (tier_dir / "secrets" / "internal-token").read_text().strip()
+    except OSError:
+        return ""
+
+
+def edge_gateway_metrics(log_dir: Path | None) -> tuple[str | None, str]:
+    """The /metrics URL of the edge gateway of the tiers running in `log_dir` (None: no tiers there), and the token
+    it wants."""
     state = read_state(log_dir) if log_dir is not None else None
     tiers = (state or {}).get("tiers") or {}
-    edge = read_state(Path(tiers["edge"])) if "edge" in tiers else None
-    for s in (edge or {}).get("services") or []:
+    if "edge" not in tiers:
+        return None, ""
+    edge_dir = Path(tiers["edge"])
+    for s in (read_state(edge_dir) or {}).get("services") or []:
         if str(s.get("name", "")).startswith("gateway") and s.get("metrics_port"):
-            host = str(s.get("address") or "127.0.0.1:0").rpartition(":")[0]
-            return f"http://{host}:{s['metrics_port']}/metrics"
-    return None
+            return f"http://127.0.0.1:{s['metrics_port']}/metrics", internal_token(edge_dir)
+    return None, ""
 
 
 async def _worker(
@@ -147,8 +159,8 @@ async def run_tier_demo(
     """Send fraud transactions to the edge's `endpoint` for `duration_s`, `share` of them sensitive; the summary
     (bytes to the cloud and edge_only answers from the edge gateway of the tiers in `log_dir`, when found)."""
     sensitive = sensitive_inputs()
-    metrics = edge_gateway_metrics(log_dir)
-    before = scrape(metrics)
+    metrics, token = edge_gateway_metrics(log_dir)
+    before = scrape(metrics, token)
     counts = _Counts()
     traffic = TrafficGenerator(seed=seed, repeat=0.0)
     started = time.monotonic()
@@ -160,7 +172,7 @@ async def run_tier_demo(
         specs = input_specs(model)
         args = (stub, specs, traffic, share, sensitive, counts, started + duration_s, endpoint.metadata())
         await asyncio.gather(*(_worker(*args) for _ in range(concurrency)))
-    after = scrape(metrics)
+    after = scrape(metrics, token)
     summary = TierDemoSummary(
         duration_s=round(time.monotonic() - started, 2),
         requests=dict(counts.requests),

@@ -121,7 +121,8 @@ def prepare_tier(
     mesh = egress_mesh(layouts, secrets, runs["cloud"].secrets) if tier == "edge" else cloud_mesh(layouts, secrets)
     run = TierRun(layout, tier_dir, console, secrets, stop, mesh=mesh, tier=tier)
     run.redis_url = stack_redis_url(layout, secrets, None)
-    run.specs = build_specs(layout, run.redis_url, mesh.envoy.command, secrets)
+    cache_url = stack_redis_url(layout, secrets, run.redis_url, cache=True)  # the cache's own Valkey, if any
+    run.specs = build_specs(layout, run.redis_url, mesh.envoy.command, secrets, cache_redis_url=cache_url)
     tier_env(run.specs, layouts.topology.tier(tier), gateway_tier_settings(layouts, tier, runs, egress))
     return run
 
