@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.chaos.faults import read_state
+from services.cli.stack.credentials import state_internal_token
+from services.common.internal_auth import auth_headers
 
 CONTROLLER = "http.ingress.adaptive_concurrency.gradient_controller."
 GATEWAY_LIMIT = "meshserve_gateway_concurrency_limit"
@@ -51,13 +53,16 @@ def gateway_metrics_urls(state: Mapping[str, object]) -> dict[str, str]:
     services = state.get("services")
     for s in services if isinstance(services, list) else []:
         name, address, port = s.get("name", ""), s.get("address") or "", s.get("metrics_port")
-        if name.startswith("gateway") and port and ":" in address:
+        if name.startswith("gateway") and s.get("metrics"):  # host:port (the gRPC address may be a Unix socket)
+            out[name] = f"http://{s['metrics']}/metrics"
+        elif name.startswith("gateway") and port and ":" in address:
             out[name] = f"http://{address.rpartition(':')[0]}:{port}/metrics"
     return out
 
 
-def _get(url: str) -> str:
-    with urllib.request.urlopen(url, timeout=1.0) as response:
+def _get(url: str, token: str = "") -> str:
+    """The body at `url`, with the stack's internal `token` (its /metrics needs it)."""
+    with urllib.request.urlopen(urllib.request.Request(url, headers=auth_headers(token)), timeout=1.0) as response:
         body: bytes = response.read()
     return body.decode()
 
@@ -65,7 +70,7 @@ def _get(url: str) -> str:
 class LimitProbe:
     """Reads both limits of the stack whose stack.json is in `log_dir` (the addresses are read once)."""
 
-    def __init__(self, log_dir: Path, fetch: Callable[[str], str] = _get) -> None:
+    def __init__(self, log_dir: Path, fetch: Callable[[str], str] | None = None) -> None:
         from services.mesh.admin import EnvoyAdmin
 
         try:
@@ -75,7 +80,8 @@ class LimitProbe:
         admin = state.get("admin")
         self.admin = EnvoyAdmin(str(admin), timeout=1.0) if admin else None
         self.gateways = gateway_metrics_urls(state)
-        self.fetch = fetch
+        token = state_internal_token(state)
+        self.fetch = fetch or (lambda url: _get(url, token))
 
     def switch_ingress_limit(self, on: bool, min_rtt_wait_s: float = MIN_RTT_WAIT_S) -> str:
         """Turns the ingress's adaptive concurrency limit on or off (ADAPTIVE_FLAG through Envoy's admin runtime,

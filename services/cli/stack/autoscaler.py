@@ -373,7 +373,7 @@ class StackReplicas:
             raise StackError(str(exc).splitlines()[0]) from None
         self.serving[replica.name] = replica
         await self._publish()
-        address = {"model": {run.layout.address(replica.port)}}
+        address = {"model": {run.layout.replica_address(replica)}}
         deadline = time.monotonic() + IN_ROTATION_S
         for _ in range(int(IN_ROTATION_S / 0.05)):  # Envoy's first health check of it: polled, nothing to wait on
             if not await asyncio.to_thread(out_of_rotation, run.layout.admin, address) or time.monotonic() > deadline:
@@ -400,7 +400,7 @@ class StackReplicas:
 
         layout = self.run.layout
         endpoints: list[MeshEndpoint] = [
-            MeshEndpoint(address=layout.address(r.port), labels={"version": r.subset})
+            MeshEndpoint(address=layout.replica_address(r), labels={"version": r.subset})
             for r in layout.replicas
             if r.name in self.serving
         ]

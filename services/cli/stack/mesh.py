@@ -25,10 +25,10 @@ def mesh_topology(layout: StackLayout, secrets: StackSecrets | None = None) -> M
 
     t = layout
     endpoints = {
-        "gateway": [(g.port, "v1") for g in t.gateways],
-        "model": [(r.port, r.subset) for r in t.initial_replicas],
-        "feature": [(t.feature_port, "v1")],
-        "cache": [(t.cache_port, "v1")],
+        "gateway": [(t.service_address(g.name, g.port), "v1") for g in t.gateways],
+        "model": [(t.replica_address(r), r.subset) for r in t.initial_replicas],
+        "feature": [(t.service_address("feature", t.feature_port), "v1")],
+        "cache": [(t.service_address("cache", t.cache_port), "v1")],
     }
     dynamic = {"model"} if t.autoscaled else set()
     security: dict[str, object] = {"authenticate": False, "ingress_tls": None}
@@ -46,11 +46,11 @@ def mesh_topology(layout: StackLayout, secrets: StackSecrets | None = None) -> M
     return MeshTopology(
         services={
             name: MeshService(
-                listen=t.address(t.listen_ports[name]),
-                replicas=[MeshEndpoint(address=t.address(p), labels={"version": v}) for p, v in ports],
+                listen=t.mesh_address(name),
+                replicas=[MeshEndpoint(address=a, labels={"version": v}) for a, v in addresses],
                 dynamic=name in dynamic,
             )
-            for name, ports in endpoints.items()
+            for name, addresses in endpoints.items()
         },
         ingress=t.address(t.ingress_port),
         admin=t.admin,
@@ -97,20 +97,22 @@ def served_splits(mesh: LocalMesh, subsets: dict[str, set[str]] | None = None) -
 
 
 def endpoints(layout: StackLayout) -> dict[str, set[str]]:
-    """Per service of the mesh, the addresses of its replicas at start."""
+    """Per service of the mesh, the addresses of its replicas at start (host:port or unix:/path)."""
     t = layout
     return {
-        "gateway": {t.address(g.port) for g in t.gateways},
-        "model": {t.address(r.port) for r in t.initial_replicas},
-        "feature": {t.address(t.feature_port)},
-        "cache": {t.address(t.cache_port)},
+        "gateway": {t.service_address(g.name, g.port) for g in t.gateways},
+        "model": {t.replica_address(r) for r in t.initial_replicas},
+        "feature": {t.service_address("feature", t.feature_port)},
+        "cache": {t.service_address("cache", t.cache_port)},
     }
 
 
 def out_of_rotation(admin_address: str, expected: dict[str, set[str]]) -> list[str]:
-    """'service address' of every replica that Envoy's active health checks do not (yet) count healthy."""
+    """'service address' of every replica (host:port or unix:/path) that Envoy's active health checks do not (yet)
+    count healthy."""
     from services.mesh.admin import EnvoyAdmin
     from services.mesh.hosts import cluster_name
+    from services.mesh.topology import host_key
 
     admin = EnvoyAdmin(admin_address)
     out = []
@@ -119,7 +121,9 @@ def out_of_rotation(admin_address: str, expected: dict[str, set[str]]) -> list[s
             hosts = admin.hosts(cluster_name(service, None))
         except OSError:
             hosts = {}
-        out += [f"{service} {a}" for a in sorted(addresses) if hosts.get(a, {}).get("health_flags") != "healthy"]
+        out += [
+            f"{service} {a}" for a in sorted(addresses) if hosts.get(host_key(a), {}).get("health_flags") != "healthy"
+        ]
     return out
 
 

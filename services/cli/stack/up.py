@@ -20,7 +20,7 @@ from rich.table import Table
 
 from services.cli.connect import Endpoint
 from services.cli.stack.credentials import SecretsError, StackSecrets
-from services.cli.stack.layout import MESH_DIR, ModelReplica, StackLayout
+from services.cli.stack.layout import MESH_DIR, ModelReplica, StackLayout, ensure_socket_dir
 from services.cli.stack.mesh import prepare_mesh, wait_in_rotation
 from services.cli.stack.specs import (
     RECORDING_PEERS_FILE,
@@ -70,6 +70,7 @@ def write_state(
             "name": s.name,
             "address": s.address,
             "metrics_port": s.metrics_port,
+            "metrics": layout.address(s.metrics_port) if s.metrics_port else None,
             "protocol": s.protocol,
             "health_url": s.health_url,
             "envoy_admin": s.envoy_admin,
@@ -83,8 +84,9 @@ def write_state(
         "pid": os.getpid(),  # `meshserve down` signals it
         "redis_url": redact(redis_url),
         "valkey": layout.address(layout.valkey_port) if layout.valkey_port is not None else None,
-        "gateway": layout.address(layout.gateway_port),
-        "gateways": [layout.address(g.port) for g in layout.gateways],
+        "gateway": layout.service_address(layout.gateways[0].name, layout.gateway_port),
+        "gateways": [layout.service_address(g.name, g.port) for g in layout.gateways],
+        "sockets": str(layout.socket_dir) if layout.socket_dir is not None else None,
         "ingress": layout.address(layout.ingress_port) if layout.mesh else None,
         "insecure": not secure,
         "tls_ca": str(secrets.ca_cert) if secure and secrets is not None else None,
@@ -93,7 +95,7 @@ def write_state(
         "mesh_dir": str(path.parent / MESH_DIR) if layout.mesh else None,
         "traces_ui": trace_ui_url(layout),
         "tracing_mode": layout.tracing_mode if layout.traces_port is not None else None,
-        "scaler": layout.address(layout.scaler_port) if layout.scaler_port is not None else None,
+        "scaler": layout.service_address("scaler", layout.scaler_port) if layout.scaler_port is not None else None,
         "groups": [
             {
                 "subset": g.subset,
@@ -195,6 +197,8 @@ async def run_stack(
     """
     stop = stop_on_signals()
     log_dir.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 (once, at start-up)
+    if layout.socket_dir is not None:  # the services bind their sockets in it: only this user may enter
+        ensure_socket_dir(layout.socket_dir)
     secrets = StackSecrets.ensure(log_dir, hosts=[layout.host])
     mesh = prepare_mesh(layout, log_dir / MESH_DIR, secrets) if layout.mesh else None
     envoy_command = mesh.envoy.command if mesh is not None else None
@@ -250,7 +254,8 @@ def start_autoscaler(run: StackRun, start_timeout_s: float) -> None:
     if not layout.autoscaled or run.mesh is None or layout.scaler_port is None:
         return
     control = StackReplicas(run, run.mesh, start_timeout_s)
-    run.autoscaler = Autoscaler(layout, control, layout.address(layout.scaler_port), run.log_dir, run.notify)
+    scaler = layout.service_address("scaler", layout.scaler_port)
+    run.autoscaler = Autoscaler(layout, control, scaler, run.log_dir, run.notify)
     for g in layout.autoscaled:
         run.notify(
             f"autoscaling {g.subset}: {g.min_replicas}..{g.max_replicas} replicas on {g.model}'s demand, "
@@ -306,7 +311,7 @@ async def reach_entry(run: StackRun) -> Endpoint | None:
     replica healthy; None when a signal or a failure came first."""
     layout = run.layout
     if not layout.mesh:
-        return Endpoint(layout.address(layout.gateway_port))
+        return Endpoint(layout.service_address(layout.gateways[0].name, layout.gateway_port))
     secure = not layout.insecure
     address = layout.address(layout.ingress_port)
     endpoint = Endpoint(address, run.secrets.ca_pem(), run.secrets.mint("demo")) if secure else Endpoint(address)

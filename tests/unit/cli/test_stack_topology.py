@@ -8,6 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from services.cli.main import app
+from services.cli.stack.layout import StackLayout
 from services.cli.stack.topology import ModelGroup, StackTopology, TopologyFileError, demo_file
 
 
@@ -160,12 +161,22 @@ def test_up_refuses_a_missing_model_repository(tmp_path: Path) -> None:
     assert result.exit_code == 2 and "model repository" in result.output
 
 
-def test_up_refuses_a_topology_whose_ports_clash(tmp_path: Path) -> None:
-    crowded = tmp_path / "crowded.yaml"
-    crowded.write_text("stable: {subset: v1, replicas: 8}\ncanary: {subset: v2, replicas: 3}\n")
-    result = CliRunner().invoke(app, ["up", "--topology", str(crowded), "--log-dir", str(tmp_path / "logs")])
-    assert result.exit_code == 2 and "layout" in result.output and "port 8101" in result.output
-    assert not (tmp_path / "logs").exists()
+def test_up_refuses_a_log_dir_too_deep_for_its_sockets(tmp_path: Path) -> None:
+    deep = tmp_path / ("d" * max(1, 90 - len(str(tmp_path))))  # its admin.sock fits, sockets/mesh-feature.sock not
+    result = CliRunner().invoke(app, ["up", "--log-dir", str(deep)])
+    assert result.exit_code == 2 and "layout" in result.output and "choose a shorter --log-dir" in result.output
+    assert not deep.exists()
+
+
+def test_a_crowded_topology_clashes_only_where_the_services_take_ports(tmp_path: Path) -> None:
+    path = tmp_path / "crowded.yaml"
+    path.write_text("stable: {subset: v1, replicas: 8}\ncanary: {subset: v2, replicas: 3}\n")
+    crowded = StackTopology.load(path)
+    logs = tmp_path / "logs"
+    on_sockets = StackLayout.local(8000, topology=crowded, models_dir=tmp_path, mesh=True, log_dir=logs)
+    assert on_sockets.socket_dir == logs.resolve() / "sockets" and not on_sockets.listen_ports
+    with pytest.raises(ValueError, match=r"port 8101: .*model-v2-c"):  # its gRPC port is the model listener's
+        StackLayout.local(8000, topology=crowded, models_dir=tmp_path, mesh=True, log_dir=logs, sockets=False)
 
 
 def test_the_gateway_runs_its_replica_count() -> None:

@@ -125,8 +125,11 @@ def test_status_shows_the_replicas_per_subset_and_the_last_decision(
 
 def test_without_a_running_stack_status_checks_the_default_layout(tmp_path: Path) -> None:
     found = {p.name: (p.kind, p.target) for p in targets(tmp_path, 8000)}
-    assert found["gateway"] == ("grpc", "127.0.0.1:8000") and found["model-v1-a"] == ("grpc", "127.0.0.1:8001")
-    assert found["model-v2"] == ("grpc", "127.0.0.1:8021") and found["cache"] == ("grpc", "127.0.0.1:8003")
+    sockets = tmp_path.resolve() / "sockets"  # the services of a stack with this log dir listen there
+    assert found["gateway"] == ("grpc", f"unix:{sockets}/gateway.sock")
+    assert found["model-v1-a"] == ("grpc", f"unix:{sockets}/model-v1-a.sock")
+    assert found["model-v2"] == ("grpc", f"unix:{sockets}/model-v2.sock")
+    assert found["cache"] == ("grpc", f"unix:{sockets}/cache.sock")
     assert found["valkey"] == ("redis", "127.0.0.1:8004")
 
 

@@ -98,6 +98,8 @@ def test_gateway_limits_per_pipeline_and_where_to_read_them() -> None:
     assert gateway_limits("") == {}
     state = {"services": [{"name": "gateway-2", "address": "127.0.0.1:8010", "metrics_port": 1}]}
     assert gateway_metrics_urls(state) == {"gateway-2": "http://127.0.0.1:1/metrics"}
+    on_socket = {"name": "gateway", "address": "unix:/run/s/gateway.sock", "metrics_port": 2, "metrics": "127.0.0.1:2"}
+    assert gateway_metrics_urls({"services": [on_socket]}) == {"gateway": "http://127.0.0.1:2/metrics"}
 
 
 def test_a_probe_reads_both_limits(tmp_path: Path, admin: str) -> None:
