@@ -44,7 +44,8 @@ def infer_request_from_pb(request: pb.ModelInferRequest, priority: Priority) -> 
 
 
 def infer_response_to_pb(response: PipelineResponse) -> pb.ModelInferResponse:
-    """Outputs as raw_output_contents; `model_version`, `cache`, `degraded` and stage times as parameters."""
+    """Outputs as raw_output_contents; `model_version`, `cache`, `degraded`, `meshserve_tier` (two tiers) and stage
+    times as parameters."""
     message = pb.ModelInferResponse(model_name=response.pipeline, model_version=PIPELINE_VERSION, id=response.id)
     for tensor in response.outputs:
         message.outputs.add(name=tensor.name, datatype=tensor.datatype, shape=tensor.shape)
@@ -57,6 +58,8 @@ def infer_response_to_pb(response: PipelineResponse) -> pb.ModelInferResponse:
         params["degraded_detail"].string_param = response.degraded_detail or ""
     if response.default_decision:
         params["default_decision"].string_param = response.default_decision
+    if response.tier:
+        params["meshserve_tier"].string_param = response.tier
     for stage, ms in response.stages_ms.items():
         params[f"stage_{stage}_ms"].double_param = round(ms, 4)
     for stage, requests in response.batches.items():

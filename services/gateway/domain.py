@@ -45,6 +45,7 @@ class Answer:
     stages_ms: dict[str, float] = field(default_factory=dict)
     batches: dict[str, int] = field(default_factory=dict)  # stage -> requests its downstream call served
     default_decision: str | None = None  # set on a default answer: what the pipeline says it means
+    tier: str | None = None  # a two-tier gateway's: whose model answered (edge, cloud); None: this gateway's
 
 
 @dataclass
@@ -62,3 +63,4 @@ class PipelineResponse:
     stages_ms: dict[str, float] = field(default_factory=dict)
     batches: dict[str, int] = field(default_factory=dict)  # only with debug: requests per stage's call
     default_decision: str | None = None  # a default answer: what the pipeline says it means
+    tier: str | None = None  # a two-tier gateway's: the tier whose model answered (edge, cloud)

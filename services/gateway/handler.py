@@ -3,7 +3,8 @@
 A pipeline request is checked against its pipeline, admitted (a refused request costs microseconds), run by
 the pipeline's runner and counted (Prometheus metrics, Triton-style statistics). Model names that are not
 pipelines go to `forwarder` (protobuf pass-through); versions, warm-up, the near cache's watch and the demand
-reports to the scaler run beside.
+reports to the scaler run beside. On a two-tier deployment (`tier` edge or cloud) each pipeline request is placed
+by its data class first (services/gateway/placement.py).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Iterable
 
 import grpc
 import numpy as np
@@ -23,14 +25,25 @@ from services.common.server import Lifecycle
 from services.gateway import metrics
 from services.gateway.activator import Activator, ColdStart, Target
 from services.gateway.admission import Admission, Permit
+from services.gateway.cloud import CloudClient, PipelineCloud
 from services.gateway.degradation import MODEL_FAILURES
 from services.gateway.demand import DemandTracker, demand_reporter
 from services.gateway.domain import PIPELINE_VERSION, Answer, OutputSpec, PipelineRequest, PipelineResponse
 from services.gateway.forwarding import Forwarder
 from services.gateway.inputs import check_inputs
 from services.gateway.near import near_cache
-from services.gateway.pipeline import PipelineSpec, load_pipelines
+from services.gateway.pipeline import DataClass, PipelineSpec, load_pipelines
 from services.gateway.pipeline_stats import PipelineStats, Statistics
+from services.gateway.placement import (
+    SENSITIVE,
+    Route,
+    claimed_class,
+    classify,
+    decide,
+    fill_withheld,
+    refuse_at_cloud,
+    with_class_headers,
+)
 from services.gateway.runner import PipelineRunner
 from services.gateway.settings import GatewaySettings
 from services.gateway.upstream import UNTRACED, Deadline, Headers, Upstreams
@@ -47,14 +60,27 @@ OVERLOAD_CAUSES = frozenset({MODEL_FAILURES[grpc.StatusCode.RESOURCE_EXHAUSTED]}
 class GatewayHandler:
     """Everything the gateway's RPCs do. Build it inside the running event loop.
 
-    `upstreams` defaults to channels opened from the settings; tests pass clients of their own.
+    `upstreams` defaults to channels opened from the settings, and `cloud` (an edge-tier gateway's client to the
+    cloud tier, opened only when some pipeline sends general requests there) to one from the settings; tests pass
+    clients of their own.
     """
 
-    def __init__(self, settings: GatewaySettings, lifecycle: Lifecycle, upstreams: Upstreams | None = None) -> None:
+    def __init__(
+        self,
+        settings: GatewaySettings,
+        lifecycle: Lifecycle,
+        upstreams: Upstreams | None = None,
+        cloud: CloudClient | None = None,
+    ) -> None:
         self.settings = settings
         self.lifecycle = lifecycle
+        self.tier = settings.tier
         self.pipelines: dict[str, PipelineSpec] = load_pipelines(settings.pipelines_dir)
         self.up = Upstreams.connect(settings) if upstreams is None else upstreams
+        crosses = any(s.placement is not None and decide(s, "general").tier == "cloud" for s in self.pipelines.values())
+        if cloud is None and crosses and self.tier == "edge":
+            cloud = CloudClient.connect(settings)
+        self.cloud = cloud if self.tier == "edge" else None
         self.versions = ServingVersions(settings.versions_ttl_s)
         models = {spec.model.name for spec in self.pipelines.values()}
         self.refresher = VersionRefresher(self.up.model, models, self.versions, settings.versions_refresh_s, UNTRACED)
@@ -84,6 +110,7 @@ class GatewayHandler:
                 self.refresher.outputs,
                 self.demand,
                 self.activator,
+                self._cloud_of(spec),
             )
             for name, spec in self.pipelines.items()
         }
@@ -122,6 +149,14 @@ class GatewayHandler:
         for runner in self.runners.values():
             await runner.drain_stores()
         await self.up.close()
+        if self.cloud is not None:
+            await self.cloud.close()
+
+    def _cloud_of(self, spec: PipelineSpec) -> PipelineCloud | None:
+        """The cloud upstream of one pipeline's runner (None: it never sends to the cloud)."""
+        if self.cloud is None or spec.placement is None:
+            return None
+        return self.cloud.for_pipeline(spec.name, spec.placement.leave_edge)
 
     # -- server and pipeline state -------------------------------------------------------------------------
 
@@ -183,16 +218,55 @@ class GatewayHandler:
 
     # -- inference -----------------------------------------------------------------------------------------
 
+    def claimed(self, metadata: Iterable[tuple[str, str | bytes]] | None) -> DataClass | None:
+        """The data class the caller's `x-meshserve-data-class` header claims (a single-tier gateway reads none);
+        a cloud-tier gateway refuses one that says sensitive with PERMISSION_DENIED, for a pipeline and for a model
+        forwarded by name alike."""
+        if self.tier == "single":
+            return None
+        claimed = claimed_class(metadata)
+        if self.tier == "cloud" and claimed == SENSITIVE:
+            metrics.CLOUD_REFUSED.labels("header").inc()
+            refuse_at_cloud(None, {}, claimed)
+        return claimed
+
+    def _place(
+        self, spec: PipelineSpec, request: PipelineRequest, claimed: DataClass | None, headers: Headers
+    ) -> tuple[int, dict[str, np.ndarray], Route | None, Headers]:
+        """(rows, inputs checked, where the request is answered, the headers its calls carry). An edge-tier gateway
+        classifies it and marks its calls with the class; a cloud-tier one refuses a value in a sensitive input.
+        Sensitive inputs a two-tier request leaves out are filled with empty values."""
+        if self.tier == "single":
+            rows, inputs = check_inputs(spec, request.inputs)
+            return rows, inputs, None, headers
+        given, withheld = fill_withheld(spec, request.inputs)
+        rows, inputs = check_inputs(spec, given)
+        if self.tier == "cloud":
+            try:
+                refuse_at_cloud(spec, inputs, claimed, withheld)
+            except MeshserveError:
+                metrics.CLOUD_REFUSED.labels("input").inc()
+                raise
+            return rows, inputs, None, headers
+        data_class = classify(spec, inputs, claimed, withheld)
+        route = decide(spec, data_class) if self.cloud is not None else Route(data_class, "edge")
+        return rows, inputs, route, with_class_headers(headers, data_class)
+
     async def infer(
-        self, request: PipelineRequest, caller_remaining_s: float | None, headers: Headers
+        self,
+        request: PipelineRequest,
+        caller_remaining_s: float | None,
+        headers: Headers,
+        claimed: DataClass | None = None,
     ) -> PipelineResponse:
-        """Check, admit, run and count one pipeline request."""
+        """Check, place (two tiers), admit, run and count one pipeline request; `claimed` is the class the caller's
+        header claims (`claimed`)."""
         spec = self._spec(request.pipeline)
         span = trace.get_current_span()  # the request's server span: what the edge's keep decision reads
         span.set_attribute(PIPELINE, spec.name)
         if request.version not in ("", PIPELINE_VERSION):
             raise NotFound(f"pipeline {spec.name!r} has only version 1 (asked for {request.version!r})")
-        rows, inputs = check_inputs(spec, request.inputs)
+        rows, inputs, route, headers = self._place(spec, request, claimed, headers)
         unknown = [n for n in request.requested_outputs if n not in spec.outputs]
         if unknown:
             raise InvalidArgument(f"pipeline {spec.name!r} has no output {unknown[0]!r} (has {spec.outputs})")
@@ -203,8 +277,12 @@ class GatewayHandler:
             metrics.REQUESTS.labels(spec.name, "RESOURCE_EXHAUSTED", "none").inc()
             raise
         start = time.perf_counter()
-        answer = await self._run(spec, inputs, rows, permit, start, caller_remaining_s, headers)
+        answer = await self._run(spec, inputs, rows, permit, start, caller_remaining_s, headers, route)
         elapsed = time.perf_counter() - start
+        if self.tier != "single":
+            answer.tier = answer.tier or self.tier
+        if route is not None:
+            metrics.TIER_ANSWERS.labels(spec.name, answer.tier, route.data_class).inc()
         metrics.REQUEST_SECONDS.labels(spec.name).observe(elapsed, trace_exemplar())
         for stage, ms in answer.stages_ms.items():
             if stage != "total":
@@ -224,6 +302,7 @@ class GatewayHandler:
         start: float,
         caller_remaining_s: float | None,
         headers: Headers,
+        route: Route | None = None,
     ) -> Answer:
         """The runner's answer, the permit released with what it says about load, every outcome counted."""
         pool = permit.pool
@@ -232,7 +311,7 @@ class GatewayHandler:
         cache = "none"
         try:
             deadline = Deadline(spec.timeouts.total_ms / 1000.0, caller_remaining_s)
-            answer = await self.runners[spec.name].run(inputs, rows, deadline, headers)
+            answer = await self.runners[spec.name].run(inputs, rows, deadline, headers, route)
             cache = answer.cache
             # Only whole answers that did work are latency samples: a hit or a fast degraded answer (Redis down) is
             # not the pipeline's latency, and would pull the baseline down. Only an overloaded dependency is a
@@ -277,6 +356,7 @@ class GatewayHandler:
             degraded=answer.degraded,
             degraded_detail=answer.degraded_detail,
             default_decision=answer.default_decision,
+            tier=answer.tier,
             stages_ms=stages,
             batches=batches,
         )

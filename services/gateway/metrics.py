@@ -1,5 +1,6 @@
 """Prometheus metrics of the gateway: requests by pipeline/code/cache, stage latencies, admission, degradation,
-requests parked for cold models."""
+requests parked for cold models, and a two-tier gateway's answers per tier, bytes sent to the cloud and edge_only
+answers."""
 
 from __future__ import annotations
 
@@ -69,4 +70,28 @@ PARK_OUTCOMES = Counter(
     "How parked requests left, by model and outcome: released (a replica serves the model), deadline (the "
     "request's own), cap (cold_start_wait_s), full (refused: park_limit reached), cancelled (the caller left).",
     ["model", "outcome"],
+)
+TIER_ANSWERS = Counter(
+    "meshserve_gateway_tier_answers_total",
+    "Pipeline requests answered by a two-tier gateway, by pipeline, the tier whose model answered (edge, cloud) and "
+    "the request's data class (sensitive, general).",
+    ["pipeline", "tier", "data_class"],
+)
+CLOUD_BYTES = Counter(
+    "meshserve_gateway_cloud_bytes_total",
+    "Bytes of the requests the edge gateway sent to the cloud tier (serialized ModelInferRequest), by pipeline and "
+    "what crossed (request, derived_features).",
+    ["pipeline", "leave_edge"],
+)
+EDGE_ONLY = Counter(
+    "meshserve_gateway_edge_only_total",
+    "General requests answered at the edge because the cloud call failed, by pipeline and reason (the cloud's "
+    "status code, e.g. UNAVAILABLE or DEADLINE_EXCEEDED).",
+    ["pipeline", "reason"],
+)
+CLOUD_REFUSED = Counter(
+    "meshserve_gateway_cloud_refused_total",
+    "Requests a cloud-tier gateway refused with PERMISSION_DENIED for carrying the sensitive class, by what said so "
+    "(header, input).",
+    ["reason"],
 )

@@ -47,6 +47,7 @@ from services.gateway.joins import (
     store_call,
 )
 from services.gateway.pipeline import PipelineSpec
+from services.gateway.placement import DATA_CLASS_HEADER, SENSITIVE, Route, crossing
 from services.gateway.upstream import CacheUpstream, Deadline, FeatureUpstream, Headers, ModelUpstream
 from services.gateway.versions import ServingVersions
 from services.model.api import InferResult, RawTensor
@@ -113,6 +114,7 @@ class PipelineRunner:
         outputs: Mapping[str, Mapping[str, OutputSpec]] | None = None,
         demand: DemandTracker | None = None,
         activator: Activator | None = None,
+        cloud: ModelUpstream | None = None,
     ) -> None:
         self.spec = spec
         self.cache = cache
@@ -153,6 +155,11 @@ class PipelineRunner:
         self._writes: StageBatcher[StoreItem, bool] = stage_batcher(
             spec, "store", "cache.store", store_call(cache), caps.store
         )
+        # An edge-tier gateway's calls to the cloud tier (general requests of a pipeline with placement), batched
+        # like the model's: the WAN hop is the span `cloud` (its batched call `cloud.batch`).
+        self._cloud_calls: StageBatcher[Mapping[str, Wire], InferResult] | None = None
+        if cloud is not None and spec.placement is not None:
+            self._cloud_calls = stage_batcher(spec, "cloud", "cloud", model_call(cloud, spec.name), caps.model)
 
     @property
     def model_outputs(self) -> Mapping[str, OutputSpec]:
@@ -161,11 +168,21 @@ class PipelineRunner:
 
     # -- entry point ---------------------------------------------------------------------------------------
 
-    async def run(self, inputs: Mapping[str, np.ndarray], rows: int, deadline: Deadline, headers: Headers) -> Answer:
+    async def run(
+        self,
+        inputs: Mapping[str, np.ndarray],
+        rows: int,
+        deadline: Deadline,
+        headers: Headers,
+        route: Route | None = None,
+    ) -> Answer:
         """The answer to one request (inputs checked against the pipeline); identical concurrent requests share
-        one computation, cancelled when every one of them is."""
-        flight_key = request_digest({name: inputs[name] for name in self.key_inputs})
-        near = self._near_hit(flight_key)
+        one computation, cancelled when every one of them is. `route` (an edge-tier gateway's): where the request
+        is answered; one routed to the cloud skips this tier's caches."""
+        digest = request_digest({name: inputs[name] for name in self.key_inputs})
+        remote = route is not None and route.tier == "cloud" and self._cloud_calls is not None
+        flight_key = digest if route is None else digest + f"|{route.tier}|{route.data_class}".encode()
+        near = None if remote else self._near_hit(digest)
         if near is not None:  # answered from the gateway's own memory: no task, no flight
             return near
         if flight_key in self._flights:
@@ -174,7 +191,7 @@ class PipelineRunner:
         flight.callers += 1
         try:
             return await self._flights.do(
-                flight_key, lambda: flight.run(self._compute(inputs, flight_key, rows, deadline, headers))
+                flight_key, lambda: flight.run(self._answer(inputs, digest, rows, deadline, headers, route, remote))
             )
         except asyncio.CancelledError:
             if flight.callers == 1:  # the last caller left: nobody wants the answer (a parked one leaves its queue)
@@ -344,6 +361,21 @@ class PipelineRunner:
 
     # -- the whole request ---------------------------------------------------------------------------------
 
+    async def _answer(
+        self,
+        inputs: Mapping[str, np.ndarray],
+        digest: bytes,
+        rows: int,
+        deadline: Deadline,
+        headers: Headers,
+        route: Route | None,
+        remote: bool,
+    ) -> Answer:
+        """The answer at the tier `route` names: the cloud's (this tier's when it fails), or this tier's."""
+        if remote and route is not None:
+            return await self._compute_remote(inputs, rows, deadline, headers, route)
+        return await self._compute(inputs, digest, rows, deadline, headers)
+
     async def _compute(
         self, inputs: Mapping[str, np.ndarray], digest: bytes, rows: int, deadline: Deadline, headers: Headers
     ) -> Answer:
@@ -358,8 +390,31 @@ class PipelineRunner:
         if fresh is not None:
             return self._finish(answer_from_cache(fresh, "hit"), stages, t0, shared)
 
-        tensors: dict[str, Wire] = {}  # pipeline tensor -> its wire form
-        features_degraded = 0
+        staged = await self._model_tensors(inputs, rows, deadline, headers, stale, stages, shared)
+        if isinstance(staged, Answer):  # the feature call failed and a remedy answered
+            return self._finish(staged, stages, t0, shared)
+        tensors, features = staged
+        outcome = await self._call_model(tensors, stale, rows, deadline, headers, stages, shared)
+        if isinstance(outcome, Answer):  # the model call failed and a remedy answered
+            return self._finish(outcome, stages, t0, shared)
+        answer = self._model_answer(outcome, rows, features, digest, headers, generation)
+        return self._finish(answer, stages, t0, shared)
+
+    async def _model_tensors(
+        self,
+        inputs: Mapping[str, np.ndarray],
+        rows: int,
+        deadline: Deadline,
+        headers: Headers,
+        stale: CachedValue | None,
+        stages: dict[str, float],
+        shared: dict[str, int],
+    ) -> tuple[dict[str, Wire], tuple[int, str]] | Answer:
+        """(pipeline tensor -> its wire form, (rows computed on degraded features, the feature service's reason)):
+        the feature matrix and the preprocessed inputs the model takes; when the feature call fails, the first
+        feature remedy's answer."""
+        tensors: dict[str, Wire] = {}
+        features_degraded, features_reason = 0, ""
         if self.spec.features is not None:
             start = time.perf_counter()
             failed: Failure | None = None
@@ -370,18 +425,12 @@ class PipelineRunner:
             finally:
                 stages["features"] = (time.perf_counter() - start) * 1e3
             if failed is not None:
-                answer = await self._degrade_features(failed, stale, rows)
-                return self._finish(answer, stages, t0, shared)
+                return await self._degrade_features(failed, stale, rows)
             tensors[self.spec.features.output] = ("FP32", [rows, matrix.columns], matrix.features)
-            features_degraded = matrix.degraded_rows
+            features_degraded, features_reason = matrix.degraded_rows, ""
         if self.spec.preprocess or self.spec.features is None:
             self._encode_inputs(inputs, tensors, stages)
-
-        outcome = await self._call_model(tensors, stale, rows, deadline, headers, stages, shared)
-        if isinstance(outcome, Answer):  # the model call failed and a remedy answered
-            return self._finish(outcome, stages, t0, shared)
-        answer = self._model_answer(outcome, rows, features_degraded, digest, headers, generation)
-        return self._finish(answer, stages, t0, shared)
+        return tensors, (features_degraded, features_reason)
 
     def _encode_inputs(
         self, inputs: Mapping[str, np.ndarray], tensors: dict[str, Wire], stages: dict[str, float]
@@ -424,17 +473,110 @@ class PipelineRunner:
         return result
 
     def _model_answer(
-        self, result: InferResult, rows: int, features_degraded: int, digest: bytes, headers: Headers, generation: int
+        self,
+        result: InferResult,
+        rows: int,
+        features: tuple[int, str],
+        digest: bytes,
+        headers: Headers,
+        generation: int,
     ) -> Answer:
-        """The model's answer: marked when some rows were computed on default aggregates, else cached (the store
-        goes off the critical path)."""
-        answer = Answer(self._outputs(result), result.model_version, "miss")
-        if features_degraded:
-            answer.degraded = "features_degraded"
-            answer.degraded_detail = f"{features_degraded} of {rows} rows used default aggregates"
-        elif self.spec.cache.enabled:
+        """The model's answer: marked when some rows were computed on degraded features (see `_marked_answer`),
+        else cached (the store goes off the critical path)."""
+        answer = self._marked_answer(result, rows, features)
+        if answer.degraded is None and self.spec.cache.enabled:
             key = versioned_key(self.spec.name, self.spec.model.name, result.model_version, digest)
             self._store_later(key, answer, headers, generation)
+        return answer
+
+    def _marked_answer(self, result: InferResult, rows: int, features: tuple[int, str]) -> Answer:
+        """A model's answer, marked when some rows were computed on default aggregates (or on a store that lost
+        its data: `features` is (degraded rows, the feature service's reason))."""
+        answer = Answer(self._outputs(result), result.model_version, "miss")
+        features_degraded, reason = features
+        if features_degraded and reason:
+            answer.degraded = reason
+            answer.degraded_detail = f"{features_degraded} of {rows} rows: the online store lost its data recently"
+        elif features_degraded:
+            answer.degraded = "features_degraded"
+            answer.degraded_detail = f"{features_degraded} of {rows} rows used default aggregates"
+        return answer
+
+    # -- the cloud tier ------------------------------------------------------------------------------------
+
+    async def _compute_remote(
+        self, inputs: Mapping[str, np.ndarray], rows: int, deadline: Deadline, headers: Headers, route: Route
+    ) -> Answer:
+        """A general request's answer from the cloud tier: its general inputs sent (`request`), or the features
+        computed here (`derived_features`); when the cloud fails or is late, this tier's model answers, marked
+        edge_only. Neither this tier's caches nor its remedies' stale entries are read for it."""
+        t0 = time.perf_counter()
+        stages: dict[str, float] = {}
+        shared: dict[str, int] = {}
+        missed: MeshserveError | None = None  # the cloud's failure: this tier answers
+        if route.leave_edge == "request":
+            name, general = crossing(self.spec, route, inputs, {})
+            outcome = await self._ask_cloud(name, general, rows, (0, ""), deadline, headers, stages, shared)
+            if isinstance(outcome, Answer):
+                return self._finish(outcome, stages, t0, shared)
+            missed = outcome
+        staged = await self._model_tensors(inputs, rows, deadline, headers, None, stages, shared)
+        if isinstance(staged, Answer):  # the feature call failed and a remedy answered
+            return self._finish(self._edge_only(staged, missed), stages, t0, shared)
+        tensors, features = staged
+        if missed is None:
+            name, derived = crossing(self.spec, route, inputs, tensors)
+            outcome = await self._ask_cloud(name, derived, rows, features, deadline, headers, stages, shared)
+            if isinstance(outcome, Answer):
+                return self._finish(outcome, stages, t0, shared)
+            missed = outcome
+        local = await self._call_model(tensors, None, rows, deadline, headers, stages, shared)
+        answer = local if isinstance(local, Answer) else self._marked_answer(local, rows, features)
+        return self._finish(self._edge_only(answer, missed), stages, t0, shared)
+
+    async def _ask_cloud(
+        self,
+        name: str,
+        tensors: Mapping[str, Wire],
+        rows: int,
+        features: tuple[int, str],
+        deadline: Deadline,
+        headers: Headers,
+        stages: dict[str, float],
+        shared: dict[str, int],
+    ) -> Answer | MeshserveError:
+        """The cloud tier's answer from `name` (the pipeline, or its model; `features` marks it as `_marked_answer`
+        does), or why it gave none (an answer without the pipeline's outputs included): within the placement's
+        cloud_timeout_ms and the request's deadline."""
+        assert self._cloud_calls is not None and self.spec.placement is not None
+        placement = self.spec.placement
+        start = time.perf_counter()
+        with child_span(tracer, "cloud", {"cloud.model": name, "cloud.leave_edge": placement.leave_edge}) as span:
+            try:
+                timeout = deadline.for_hop(placement.cloud_timeout_ms, "calling the cloud tier")
+                key = (name, "", self._route(headers))
+                result = await self._cloud_calls.submit(tensors, rows, timeout, key, shared)
+                answer = self._marked_answer(result, rows, features)
+                answer.tier = "cloud"
+                return answer
+            except MeshserveError as exc:
+                span.set_attribute("cloud.failed", exc.code.name)
+                return exc
+            finally:
+                stages["cloud"] = (time.perf_counter() - start) * 1e3
+
+    def _edge_only(self, answer: Answer, missed: MeshserveError | None) -> Answer:
+        """This tier's answer to a request the cloud should have answered, marked edge_only (`missed`: why not)."""
+        if missed is None:
+            return answer
+        metrics.EDGE_ONLY.labels(self.spec.name, missed.code.name).inc()
+        why = f"the cloud tier did not answer ({missed.code.name})"
+        if answer.degraded is None:
+            answer.degraded = "edge_only"
+            answer.degraded_detail = f"{why}; this tier's model answered"
+        else:
+            answer.degraded_detail = f"{answer.degraded_detail}; {why}"
+        answer.tier = "edge"
         return answer
 
     # -- degradation ---------------------------------------------------------------------------------------
@@ -457,6 +599,19 @@ class PipelineRunner:
         remedies = {"stale_cache": stale_cache, "default": self._default_remedy(failure, rows)}
         return await first_answer(self.spec.degradation.on_feature_failure, remedies, failure)
 
+    async def _edge_model_down(self, failure: Failure, rows: int) -> Answer:
+        """A sensitive request whose model failed, answered as the placement says: never by another tier."""
+        assert self.spec.placement is not None
+        if self.spec.placement.on_edge_model_down == "default":
+            answer = await self._default_remedy(failure, rows)()
+            if answer is not None:
+                return answer
+        raise Unavailable(
+            f"pipeline {self.spec.name!r}: the edge model did not answer ({failure.reason}) and "
+            f"placement.on_edge_model_down is {self.spec.placement.on_edge_model_down}: a sensitive request is "
+            "answered at the edge or not at all"
+        ) from failure.error
+
     async def _degrade_model(
         self,
         failure: Failure,
@@ -468,6 +623,8 @@ class PipelineRunner:
     ) -> Answer:
         policy = self.spec.degradation
         metrics.MODEL_FAILURES.labels(self.spec.name, failure.reason).inc()
+        if self.spec.placement is not None and (DATA_CLASS_HEADER, SENSITIVE) in headers:
+            return await self._edge_model_down(failure, rows)
 
         async def stale_cache() -> Answer | None:
             return stale_answer(failure, stale)

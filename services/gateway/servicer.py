@@ -72,9 +72,11 @@ class GatewayServicer(pb_grpc.GRPCInferenceServiceServicer):
         remaining = context.time_remaining()
         headers = outgoing_headers(context.invocation_metadata())
         priority = converters.priority_of(request)
+        claimed = self.handler.claimed(context.invocation_metadata())  # a cloud tier refuses sensitive here
         if not self.handler.has_pipeline(request.model_name):
             return await self.forwarder.model_infer(request, priority, remaining, headers)
-        response = await self.handler.infer(converters.infer_request_from_pb(request, priority), remaining, headers)
+        pipeline_request = converters.infer_request_from_pb(request, priority)
+        response = await self.handler.infer(pipeline_request, remaining, headers, claimed)
         return converters.infer_response_to_pb(response)
 
     async def RepositoryIndex(
