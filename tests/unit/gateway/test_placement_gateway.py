@@ -17,6 +17,9 @@ import grpc
 import numpy as np
 import pytest
 import yaml
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from services.common.errors import MeshserveError, Unavailable
 from services.common.server import Lifecycle
@@ -325,3 +328,26 @@ async def test_a_single_tier_gateway_ignores_the_placement(pipelines: Path, tmp_
         for headers in single.model.headers.seen:
             assert "x-meshserve-data-class" not in headers
         assert single.handler.claimed([("x-meshserve-data-class", "nonsense")]) is None
+
+
+async def test_one_trace_spans_both_tiers_and_the_wan_hop_is_its_own_span(
+    tiers: tuple[Tier, Tier], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import services.gateway.batching as batching
+    import services.gateway.runner as runner
+
+    edge, cloud = tiers
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    for module in (batching, runner):
+        monkeypatch.setattr(module, "tracer", provider.get_tracer("meshserve.gateway"))
+    with provider.get_tracer("test").start_as_current_span("request") as root:
+        response = await edge.handler.infer(request("p", [""]), None, ())
+    assert response.tier == "cloud"
+    spans = {s.name: s for s in exporter.get_finished_spans()}
+    assert {"features", "cloud", "cloud.batch"} <= set(spans) and "model" not in spans
+    assert spans["cloud"].attributes is not None and spans["cloud"].attributes["cloud.model"] == "m"
+    (headers,) = cloud.model.headers.seen  # the cloud gateway passed the edge's trace on to its model
+    trace_id = headers["traceparent"].split("-")[1]
+    assert trace_id == f"{root.get_span_context().trace_id:032x}"
