@@ -18,7 +18,7 @@ from services.mesh.clusters import cluster, destination_rules_by_service, merge_
 from services.mesh.errors import MeshConfigError
 from services.mesh.hosts import cluster_name, service_of
 from services.mesh.istio import DestinationRule, ServiceEntry, TrafficPolicy, VirtualService
-from services.mesh.listeners import EGRESS, listener, route_name, tracing
+from services.mesh.listeners import EGRESS, hcm_of, listener, route_name, tracing
 from services.mesh.loader import IstioConfig
 from services.mesh.routes import route_configuration
 from services.mesh.topology import Egress, MeshEndpoint, MeshTopology, split_address
@@ -150,9 +150,19 @@ def egress_route(istio: IstioConfig, egress: Egress) -> dict[str, Any]:
     return route_configuration(route_name(EGRESS), vss, {cluster_name(host, None)}, {}, None)
 
 
+REFUSED = "meshserve egress: this request's data class (x-meshserve-data-class) may not leave this tier"
+
+
+def refusal_message() -> dict[str, Any]:
+    """A local reply mapper: an aborted request (response flag FI) says why, in its grpc-message or body."""
+    return {"mappers": [{"filter": {"response_flag_filter": {"flags": ["FI"]}}, "body": {"inline_string": REFUSED}}]}
+
+
 def egress_listener(istio: IstioConfig, topology: MeshTopology, routes_dir: Path) -> dict[str, Any]:
     """The loopback listener the edge gateway calls the cloud at (MESHSERVE_GATEWAY_CLOUD_URL)."""
     assert topology.egress is not None
     trace = tracing(istio, topology.otlp, "meshserve-egress")
     access = access_log(EGRESS) if topology.otlp is not None and topology.access_log else None
-    return listener(EGRESS, topology.egress.listen, routes_dir, trace, access=access)
+    out = listener(EGRESS, topology.egress.listen, routes_dir, trace, access=access)
+    hcm_of(out)["local_reply_config"] = refusal_message()
+    return out

@@ -60,6 +60,13 @@ def tiers(make_mesh: MeshFactory, issuer: Issuer, pki: Pki) -> Iterator[Tiers]:
 
 def call(address: str, metadata: list[tuple[str, str]], pki: Pki | None = None) -> grpc.StatusCode:
     """One unary call; its status code (the fake gateway answers OK)."""
+    return call_details(address, metadata, pki)[0]
+
+
+def call_details(
+    address: str, metadata: list[tuple[str, str]], pki: Pki | None = None
+) -> tuple[grpc.StatusCode, str | None]:
+    """One unary call; its status code and message."""
     channel = (
         grpc.secure_channel(address, grpc.ssl_channel_credentials(root_certificates=pki.ca_pem))
         if pki is not None
@@ -69,8 +76,8 @@ def call(address: str, metadata: list[tuple[str, str]], pki: Pki | None = None) 
         try:
             channel.unary_unary(INFER)(b"", metadata=metadata, timeout=5)
         except grpc.RpcError as exc:
-            return exc.code()
-    return grpc.StatusCode.OK
+            return exc.code(), exc.details()
+    return grpc.StatusCode.OK, None
 
 
 def test_general_requests_cross_after_the_wan_delay(tiers: Tiers, issuer: Issuer) -> None:
@@ -88,7 +95,9 @@ def test_general_requests_cross_after_the_wan_delay(tiers: Tiers, issuer: Issuer
 def test_sensitive_and_unclassified_requests_are_refused_at_the_egress(tiers: Tiers, issuer: Issuer) -> None:
     token = issuer.bearer("edge-gateway")
     for metadata in ([(HEADER, "sensitive"), token], [token], [(HEADER, "public"), token]):
-        assert call(tiers.egress, metadata) == grpc.StatusCode.PERMISSION_DENIED, metadata
+        code, message = call_details(tiers.egress, metadata)
+        assert code == grpc.StatusCode.PERMISSION_DENIED, metadata
+        assert message is not None and "may not leave this tier" in message
     assert tiers.edge.admin.stat("http.egress.fault.aborts_injected") == 3
     assert tiers.edge.admin.stat(f"{CLOUD_CLUSTER}.upstream_rq_total") == 0
     assert tiers.edge.admin.stat(f"{CLOUD_CLUSTER}.upstream_cx_total") == 0  # not even a connection to the cloud

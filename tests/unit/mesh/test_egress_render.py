@@ -65,6 +65,9 @@ def test_the_egress_listener_has_the_fault_filter_before_the_router() -> None:
     hcm = hcm_of(listener)
     assert [f["name"] for f in hcm["http_filters"]] == [FAULT_FILTER, "envoy.filters.http.router"]
     assert hcm["rds"]["route_config_name"] == "egress"
+    (mapper,) = hcm["local_reply_config"]["mappers"]  # an abort says why, not "fault filter abort"
+    assert mapper["filter"] == {"response_flag_filter": {"flags": ["FI"]}}
+    assert "x-meshserve-data-class" in mapper["body"]["inline_string"]
 
 
 def test_sensitive_and_unclassified_requests_are_refused_at_the_egress_and_general_ones_delayed() -> None:
