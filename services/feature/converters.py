@@ -6,6 +6,7 @@ from collections.abc import Iterable
 
 from services.feature.domain import Features, FieldValue
 from services.feature.featureset import FeatureSet
+from services.feature.store.generation import RESET_REASON
 from services.protos import feature_pb2 as pb
 
 FEATURE_DTYPE = "FP32"  # every output column; the matrix travels as little-endian float32, row-major
@@ -25,9 +26,10 @@ def rows_from_pb(rows: Iterable[pb.Row]) -> list[dict[str, FieldValue | None]]:
 
 def compute_response_to_pb(fs: FeatureSet, result: Features) -> pb.ComputeResponse:
     rows, cols = result.matrix.shape
+    reset = result.reset.tolist() if result.reset is not None else [False] * rows
     flags = [
-        pb.RowFlags(defaulted=d, degraded=g)
-        for d, g in zip(result.defaulted.tolist(), result.degraded.tolist(), strict=True)
+        pb.RowFlags(defaulted=d, degraded=g, reason=RESET_REASON if r else "")
+        for d, g, r in zip(result.defaulted.tolist(), result.degraded.tolist(), reset, strict=True)
     ]
     return pb.ComputeResponse(
         feature_set=fs.id,

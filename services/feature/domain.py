@@ -22,6 +22,8 @@ class Features:
     degraded: np.ndarray
     # (rows, aggregates) where the store gave a value FP32 cannot hold (its row took defaults), None: nowhere
     nonfinite: np.ndarray | None = None
+    # rows degraded because the store lost its data within their windows (features_store_reset), None: none
+    reset: np.ndarray | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,8 +34,15 @@ class FeatureMatrix:
     rows: int
     columns: int
     feature_names: list[str]
-    degraded_rows: int  # rows whose aggregates took their defaults because the online store failed
+    degraded_rows: int  # rows whose aggregates took their defaults because the online store failed (or lost data)
     row_degraded: tuple[bool, ...] = ()  # which rows those are (empty: none is)
+    # per row, why it is degraded: "" (the store failed, or not degraded) or "features_store_reset" (empty: all "")
+    row_reasons: tuple[str, ...] = ()
+
+    @property
+    def degraded_reason(self) -> str:
+        """The reason of the first degraded row that has one ("" when none has)."""
+        return next((r for r in self.row_reasons if r), "")
 
 
 @dataclass(frozen=True, slots=True)

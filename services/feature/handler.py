@@ -17,7 +17,7 @@ import numpy as np
 from opentelemetry import trace
 
 from services.common.budgets import LatencyBudget
-from services.common.errors import InvalidArgument, NotFound, Unavailable, quoted
+from services.common.errors import InvalidArgument, NotFound, ResourceExhausted, Unavailable, quoted
 from services.common.redis import redact
 from services.common.server import Lifecycle
 from services.common.tracing import child_span
@@ -25,7 +25,8 @@ from services.feature import metrics
 from services.feature.domain import Features, Row
 from services.feature.featureset import FeatureSet, load_feature_sets
 from services.feature.settings import FeatureSettings
-from services.feature.store import FAILURES, AggregateResult, IngestRefused, OnlineStore
+from services.feature.store import FAILURES, AggregateResult, IngestRefused, NotDurable, OnlineStore, StoreFull
+from services.feature.store.generation import Loss, reset_rows
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("meshserve.feature")
@@ -59,8 +60,9 @@ class FeatureHandler:
         self.settings = settings
         self.lifecycle = lifecycle if lifecycle is not None else Lifecycle()  # the server's, when served
         self.sets = load_feature_sets(settings.features_dir)
-        self.store = OnlineStore(redis_url, settings.key_prefix, settings.redis_max_connections)
+        self.store = OnlineStore(redis_url, settings.key_prefix, settings.redis_max_connections, self._store_lost)
         self._store_address = redact(redis_url)  # for the log: no password
+        self._watching: asyncio.Task[None] | None = None
         self._nonfinite_log = Throttle(NONFINITE_LOG_EVERY_S)
         # The lookup budget guards against a sick Redis, not a busy machine: it stretches with the store's recent
         # healthy read latency (at most 4x; services.common.budgets).
@@ -109,6 +111,8 @@ class FeatureHandler:
             if reading is not None and not reading.done():  # cancelled (or failed) before the read came back
                 reading.cancel()
         result = fs.finish(prepared, online)
+        if online is not None:
+            self._mark_reset(fs, columns, result)
         if result.nonfinite is not None:
             self._report_nonfinite(fs, columns, result.nonfinite)
         metrics.COMPUTE_SECONDS.labels(set_id).observe(time.perf_counter() - start)
@@ -119,6 +123,30 @@ class FeatureHandler:
         if defaulted := int(result.defaulted.sum()):
             metrics.DEFAULTED_ROWS.labels(set_id).inc(defaulted)
         return result
+
+    def _mark_reset(self, fs: FeatureSet, columns: Mapping[str, np.ndarray], result: Features) -> None:
+        """Degrade the rows whose windows reach back before a loss of the store's data (their aggregates count only
+        what came after it): `features_store_reset`, until the feature set's longest window has passed."""
+        reset = reset_rows(columns[fs.spec.timestamp_field], self.store.watch.reset_at, fs.plan.lookback_s)
+        reset &= ~result.degraded
+        if n := int(reset.sum()):
+            result.reset = reset
+            result.degraded = result.degraded | reset
+            metrics.RESET_ROWS.labels(fs.id).inc(n)
+
+    def _store_lost(self, loss: Loss) -> None:
+        """A loss of the store's data learnt of: a metric and a log line (never silent)."""
+        metrics.STORE_RESETS.labels("here" if loss.noticed_here else "peer").inc()
+        metrics.STORE_RESET_TIME.set(loss.reset_at)
+        longest = max((fs.plan.lookback_s for fs in self.sets.values()), default=0)
+        log.error(
+            "the online store at %s lost its data (its generation marker is gone%s): rows whose windows reach back "
+            "before %s are degraded (features_store_reset) for up to %.1f h",
+            self._store_address,
+            "" if loss.noticed_here else ", noticed by another replica",
+            time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(loss.reset_at)),
+            longest / 3600,
+        )
 
     async def _start_read(
         self, fs: FeatureSet, columns: dict[str, np.ndarray], set_id: str, budget_s: float
@@ -217,10 +245,23 @@ class FeatureHandler:
                 f"event {exc.event}: field {exc.field!r} would bring a bucket's sum to {exc.total}, more than its "
                 f"aggregates can hold in FP32 (|sum| <= {exc.cap}); nothing of this request was written"
             ) from None
+        except StoreFull:
+            metrics.STORE_FULL.labels(set_id).inc()
+            log.warning("online store at %s is full (maxmemory, noeviction): Ingest refused", self._store_address)
+            raise ResourceExhausted(
+                f"the online feature store ({self._store_address}) is full: it keeps every aggregate (noeviction) "
+                "and has reached its maxmemory; nothing of this request was written"
+            ) from None
+        except NotDurable as exc:
+            metrics.REDIS_ERRORS.labels("ingest", "NotDurable").inc()
+            raise Unavailable(f"online store: {exc}; the events may be applied (at least once if sent again)") from exc
         except FAILURES as exc:  # the client library's text names addresses: it goes to the log only
             metrics.REDIS_ERRORS.labels("ingest", type(exc).__name__).inc()
             log.debug("online store ingest failed: %r", exc)
             raise Unavailable(f"online store unavailable ({type(exc).__name__})") from exc
+        finally:
+            if self.store.durable is not None:
+                metrics.STORE_DURABLE.set(1 if self.store.durable else 0)
         metrics.INGESTED.labels(set_id).inc(n)
         return n
 
@@ -231,6 +272,20 @@ class FeatureHandler:
             log.warning(
                 "redis at %s does not answer; aggregates take their defaults until it does", self._store_address
             )
+        self._watching = asyncio.ensure_future(self._watch_generation())
+
+    async def _watch_generation(self) -> None:
+        """Read the store's generation marker every generation_check_s (new connections read it too)."""
+        while True:
+            try:
+                async with asyncio.timeout(self.settings.generation_check_s):
+                    await self.store.check_generation()
+                metrics.STORE_RESET_TIME.set(self.store.watch.reset_at)
+            except FAILURES as exc:
+                log.debug("generation marker check failed: %r", exc)
+            await asyncio.sleep(self.settings.generation_check_s)
 
     async def close(self) -> None:
+        if self._watching is not None:
+            self._watching.cancel()
         await self.store.close()

@@ -34,7 +34,17 @@ class FeatureSettings(ServiceSettings):
     lookup_budget_per_row_ms: float = Field(
         0.2, ge=0, description="Added to the default budget per row (Redis reads every row's buckets)."
     )
-    ingest_timeout_ms: float = Field(1000.0, gt=0, description="Time allowed for one batched Ingest write.")
+    ingest_timeout_ms: float = Field(
+        1000.0,
+        gt=0,
+        description="Time allowed for one batched Ingest write, its confirmation on disk included (WAITAOF).",
+    )
+    generation_check_s: float = Field(
+        1.0,
+        gt=0,
+        description="How often the store's generation marker is read (one GET), besides on every new connection: "
+        "a store that lost its data (FLUSHALL) is noticed within this.",
+    )
     max_batch: int = Field(1024, ge=1, description="Most rows in one Compute or events in one Ingest.")
     max_field_bytes: int = Field(
         256,

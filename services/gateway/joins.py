@@ -101,7 +101,13 @@ def split_matrix(matrix: FeatureMatrix, counts: Sequence[int]) -> list[FeatureMa
         mine = flags[a:b]
         out.append(
             FeatureMatrix(
-                matrix.features[a * width : b * width], b - a, matrix.columns, matrix.feature_names, sum(mine), mine
+                matrix.features[a * width : b * width],
+                b - a,
+                matrix.columns,
+                matrix.feature_names,
+                sum(mine),
+                mine,
+                matrix.row_reasons[a:b],
             )
         )
     return out

@@ -427,7 +427,7 @@ class PipelineRunner:
             if failed is not None:
                 return await self._degrade_features(failed, stale, rows)
             tensors[self.spec.features.output] = ("FP32", [rows, matrix.columns], matrix.features)
-            features_degraded, features_reason = matrix.degraded_rows, ""
+            features_degraded, features_reason = matrix.degraded_rows, matrix.degraded_reason
         if self.spec.preprocess or self.spec.features is None:
             self._encode_inputs(inputs, tensors, stages)
         return tensors, (features_degraded, features_reason)

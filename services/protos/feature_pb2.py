@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\rfeature.proto\x12\x11meshserve.feature\"l\n\x05Value\x12\x16\n\x0cstring_value\x18\x01 \x01(\tH\x00\x12\x15\n\x0bint64_value\x18\x02 \x01(\x03H\x00\x12\x16\n\x0c\x64ouble_value\x18\x03 \x01(\x01H\x00\x12\x14\n\nbool_value\x18\x04 \x01(\x08H\x00\x42\x06\n\x04kind\"\x82\x01\n\x03Row\x12\x32\n\x06\x66ields\x18\x01 \x03(\x0b\x32\".meshserve.feature.Row.FieldsEntry\x1aG\n\x0b\x46ieldsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\'\n\x05value\x18\x02 \x01(\x0b\x32\x18.meshserve.feature.Value:\x02\x38\x01\"^\n\x0e\x43omputeRequest\x12\x13\n\x0b\x66\x65\x61ture_set\x18\x01 \x01(\t\x12$\n\x04rows\x18\x02 \x03(\x0b\x32\x16.meshserve.feature.Row\x12\x11\n\tbudget_ms\x18\x03 \x01(\x01\"/\n\x08RowFlags\x12\x11\n\tdefaulted\x18\x01 \x01(\x08\x12\x10\n\x08\x64\x65graded\x18\x02 \x01(\x08\"\x9a\x01\n\x0f\x43omputeResponse\x12\x13\n\x0b\x66\x65\x61ture_set\x18\x01 \x01(\t\x12\x0c\n\x04rows\x18\x02 \x01(\r\x12\x0f\n\x07\x63olumns\x18\x03 \x01(\r\x12\x15\n\rfeature_names\x18\x04 \x03(\t\x12\x10\n\x08\x66\x65\x61tures\x18\x05 \x01(\x0c\x12*\n\x05\x66lags\x18\x06 \x03(\x0b\x32\x1b.meshserve.feature.RowFlags\"L\n\rIngestRequest\x12\x13\n\x0b\x66\x65\x61ture_set\x18\x01 \x01(\t\x12&\n\x06\x65vents\x18\x02 \x03(\x0b\x32\x16.meshserve.feature.Row\"\"\n\x0eIngestResponse\x12\x10\n\x08ingested\x18\x01 \x01(\r\"+\n\x14GetFeatureSetRequest\x12\x13\n\x0b\x66\x65\x61ture_set\x18\x01 \x01(\t\"(\n\nInputField\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04type\x18\x02 \x01(\t\"9\n\x0b\x46\x65\x61tureInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05group\x18\x03 \x01(\t\"\xc5\x01\n\x15GetFeatureSetResponse\x12\x13\n\x0b\x66\x65\x61ture_set\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\r\x12-\n\x06inputs\x18\x04 \x03(\x0b\x32\x1d.meshserve.feature.InputField\x12\x30\n\x08\x66\x65\x61tures\x18\x05 \x03(\x0b\x32\x1e.meshserve.feature.FeatureInfo\x12\x17\n\x0ftimestamp_field\x18\x06 \x01(\t2\x9b\x02\n\x0e\x46\x65\x61tureService\x12R\n\x07\x43ompute\x12!.meshserve.feature.ComputeRequest\x1a\".meshserve.feature.ComputeResponse\"\x00\x12O\n\x06Ingest\x12 .meshserve.feature.IngestRequest\x1a!.meshserve.feature.IngestResponse\"\x00\x12\x64\n\rGetFeatureSet\x12\'.meshserve.feature.GetFeatureSetRequest\x1a(.meshserve.feature.GetFeatureSetResponse\"\x00\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\rfeature.proto\x12\x11meshserve.feature\"l\n\x05Value\x12\x16\n\x0cstring_value\x18\x01 \x01(\tH\x00\x12\x15\n\x0bint64_value\x18\x02 \x01(\x03H\x00\x12\x16\n\x0c\x64ouble_value\x18\x03 \x01(\x01H\x00\x12\x14\n\nbool_value\x18\x04 \x01(\x08H\x00\x42\x06\n\x04kind\"\x82\x01\n\x03Row\x12\x32\n\x06\x66ields\x18\x01 \x03(\x0b\x32\".meshserve.feature.Row.FieldsEntry\x1aG\n\x0b\x46ieldsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\'\n\x05value\x18\x02 \x01(\x0b\x32\x18.meshserve.feature.Value:\x02\x38\x01\"^\n\x0e\x43omputeRequest\x12\x13\n\x0b\x66\x65\x61ture_set\x18\x01 \x01(\t\x12$\n\x04rows\x18\x02 \x03(\x0b\x32\x16.meshserve.feature.Row\x12\x11\n\tbudget_ms\x18\x03 \x01(\x01\"?\n\x08RowFlags\x12\x11\n\tdefaulted\x18\x01 \x01(\x08\x12\x10\n\x08\x64\x65graded\x18\x02 \x01(\x08\x12\x0e\n\x06reason\x18\x03 \x01(\t\"\x9a\x01\n\x0f\x43omputeResponse\x12\x13\n\x0b\x66\x65\x61ture_set\x18\x01 \x01(\t\x12\x0c\n\x04rows\x18\x02 \x01(\r\x12\x0f\n\x07\x63olumns\x18\x03 \x01(\r\x12\x15\n\rfeature_names\x18\x04 \x03(\t\x12\x10\n\x08\x66\x65\x61tures\x18\x05 \x01(\x0c\x12*\n\x05\x66lags\x18\x06 \x03(\x0b\x32\x1b.meshserve.feature.RowFlags\"L\n\rIngestRequest\x12\x13\n\x0b\x66\x65\x61ture_set\x18\x01 \x01(\t\x12&\n\x06\x65vents\x18\x02 \x03(\x0b\x32\x16.meshserve.feature.Row\"\"\n\x0eIngestResponse\x12\x10\n\x08ingested\x18\x01 \x01(\r\"+\n\x14GetFeatureSetRequest\x12\x13\n\x0b\x66\x65\x61ture_set\x18\x01 \x01(\t\"(\n\nInputField\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04type\x18\x02 \x01(\t\"9\n\x0b\x46\x65\x61tureInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05group\x18\x03 \x01(\t\"\xc5\x01\n\x15GetFeatureSetResponse\x12\x13\n\x0b\x66\x65\x61ture_set\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\r\x12-\n\x06inputs\x18\x04 \x03(\x0b\x32\x1d.meshserve.feature.InputField\x12\x30\n\x08\x66\x65\x61tures\x18\x05 \x03(\x0b\x32\x1e.meshserve.feature.FeatureInfo\x12\x17\n\x0ftimestamp_field\x18\x06 \x01(\t2\x9b\x02\n\x0e\x46\x65\x61tureService\x12R\n\x07\x43ompute\x12!.meshserve.feature.ComputeRequest\x1a\".meshserve.feature.ComputeResponse\"\x00\x12O\n\x06Ingest\x12 .meshserve.feature.IngestRequest\x1a!.meshserve.feature.IngestResponse\"\x00\x12\x64\n\rGetFeatureSet\x12\'.meshserve.feature.GetFeatureSetRequest\x1a(.meshserve.feature.GetFeatureSetResponse\"\x00\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -42,21 +42,21 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_COMPUTEREQUEST']._serialized_start=279
   _globals['_COMPUTEREQUEST']._serialized_end=373
   _globals['_ROWFLAGS']._serialized_start=375
-  _globals['_ROWFLAGS']._serialized_end=422
-  _globals['_COMPUTERESPONSE']._serialized_start=425
-  _globals['_COMPUTERESPONSE']._serialized_end=579
-  _globals['_INGESTREQUEST']._serialized_start=581
-  _globals['_INGESTREQUEST']._serialized_end=657
-  _globals['_INGESTRESPONSE']._serialized_start=659
-  _globals['_INGESTRESPONSE']._serialized_end=693
-  _globals['_GETFEATURESETREQUEST']._serialized_start=695
-  _globals['_GETFEATURESETREQUEST']._serialized_end=738
-  _globals['_INPUTFIELD']._serialized_start=740
-  _globals['_INPUTFIELD']._serialized_end=780
-  _globals['_FEATUREINFO']._serialized_start=782
-  _globals['_FEATUREINFO']._serialized_end=839
-  _globals['_GETFEATURESETRESPONSE']._serialized_start=842
-  _globals['_GETFEATURESETRESPONSE']._serialized_end=1039
-  _globals['_FEATURESERVICE']._serialized_start=1042
-  _globals['_FEATURESERVICE']._serialized_end=1325
+  _globals['_ROWFLAGS']._serialized_end=438
+  _globals['_COMPUTERESPONSE']._serialized_start=441
+  _globals['_COMPUTERESPONSE']._serialized_end=595
+  _globals['_INGESTREQUEST']._serialized_start=597
+  _globals['_INGESTREQUEST']._serialized_end=673
+  _globals['_INGESTRESPONSE']._serialized_start=675
+  _globals['_INGESTRESPONSE']._serialized_end=709
+  _globals['_GETFEATURESETREQUEST']._serialized_start=711
+  _globals['_GETFEATURESETREQUEST']._serialized_end=754
+  _globals['_INPUTFIELD']._serialized_start=756
+  _globals['_INPUTFIELD']._serialized_end=796
+  _globals['_FEATUREINFO']._serialized_start=798
+  _globals['_FEATUREINFO']._serialized_end=855
+  _globals['_GETFEATURESETRESPONSE']._serialized_start=858
+  _globals['_GETFEATURESETRESPONSE']._serialized_end=1055
+  _globals['_FEATURESERVICE']._serialized_start=1058
+  _globals['_FEATURESERVICE']._serialized_end=1341
 # @@protoc_insertion_point(module_scope)

@@ -42,12 +42,14 @@ class ComputeRequest(_message.Message):
     def __init__(self, feature_set: _Optional[str] = ..., rows: _Optional[_Iterable[_Union[Row, _Mapping]]] = ..., budget_ms: _Optional[float] = ...) -> None: ...
 
 class RowFlags(_message.Message):
-    __slots__ = ("defaulted", "degraded")
+    __slots__ = ("defaulted", "degraded", "reason")
     DEFAULTED_FIELD_NUMBER: _ClassVar[int]
     DEGRADED_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
     defaulted: bool
     degraded: bool
-    def __init__(self, defaulted: _Optional[bool] = ..., degraded: _Optional[bool] = ...) -> None: ...
+    reason: str
+    def __init__(self, defaulted: _Optional[bool] = ..., degraded: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class ComputeResponse(_message.Message):
     __slots__ = ("feature_set", "rows", "columns", "feature_names", "features", "flags")

@@ -14,6 +14,7 @@ from typing import NamedTuple
 
 from services.feature.bounds import DOUBLE_MAX, FP32_MAX
 from services.feature.spec import Aggregate, FeatureSetSpec
+from services.feature.store.generation import lookback_s
 from services.feature.store.layout import (
     BAND,
     LAST_SEEN_KEEP,
@@ -109,6 +110,13 @@ class AggregatePlan:
         plan.distinct = [DistinctGroup(e, f, b, n) for (e, f, b), n in distinct.items()]
         plan.last_seen_ttl_s = max([MIN_LAST_SEEN_TTL_S, *(a.window_s for _, a in aggs)])
         return plan
+
+    @cached_property
+    def lookback_s(self) -> int:
+        """How far back before a row's time its aggregates read (the longest window and its bucket, or the since_last
+        TTL): after a loss of the store's data, rows are marked until this much time has passed."""
+        windows = [(a.window_s, a.bucket_s) for _, a in self.aggregates if a.op != "since_last"]
+        return lookback_s(windows, self.last_seen_ttl_s if self.last_seen else 0)
 
     # -- lookups ------------------------------------------------------------------------------------
 

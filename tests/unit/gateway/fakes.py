@@ -130,6 +130,7 @@ class FakeFeatures:
         self.error: MeshserveError | None = None
         self.degraded_rows = 0
         self.degraded_users: set[str] = set()
+        self.reason = ""  # the feature service's reason on each degraded row (e.g. features_store_reset)
         self.refused_users: set[str] = set()
         self.rows: list[list[dict[str, FieldValue]]] = []
         self.delay_s = 0.0
@@ -160,7 +161,8 @@ class FakeFeatures:
         matrix[:, 0] = [float(r.get("amount", 0.0)) for r in rows]
         names = [f"f{i}" for i in range(COLUMNS)]
         flags = tuple(i < self.degraded_rows or r.get("user_id") in self.degraded_users for i, r in enumerate(rows))
-        return FeatureMatrix(matrix.tobytes(), len(rows), COLUMNS, names, sum(flags), flags)
+        reasons = tuple(self.reason if f else "" for f in flags) if self.reason else ()
+        return FeatureMatrix(matrix.tobytes(), len(rows), COLUMNS, names, sum(flags), flags, reasons)
 
     async def get_feature_set(
         self, feature_set: str, *, timeout_s: float | None = None, metadata: Sequence[tuple[str, str]] = ()

@@ -344,6 +344,16 @@ async def test_degraded_features_are_flagged_and_not_stored() -> None:
     assert rig.log == [LOOKUP, FEATURES, MODEL]
 
 
+async def test_rows_on_a_store_that_lost_its_data_carry_the_feature_services_reason() -> None:
+    rig = Rig()
+    rig.features.degraded_rows, rig.features.reason = 1, "features_store_reset"
+    answer = await rig.run(rows=2)
+    await rig.runner.drain_stores()
+    assert (answer.cache, answer.degraded) == ("miss", "features_store_reset")
+    assert answer.degraded_detail == "1 of 2 rows: the online store lost its data recently"
+    assert rig.cache.stored == []
+
+
 # -- what is stored, and the near cache ------------------------------------------------------------------------
 
 
