@@ -116,6 +116,10 @@ def prepare_tier(
 
     layout, tier_dir = layouts.layout(tier), layouts.tier_dir(tier)
     tier_dir.mkdir(parents=True, exist_ok=True)
+    if layout.socket_dir is not None:  # as run_stack: the services bind their sockets in it, this user only
+        from services.cli.stack.layout import ensure_socket_dir
+
+        ensure_socket_dir(layout.socket_dir)
     secrets = StackSecrets.ensure(tier_dir, hosts=[layout.host])
     egress = tier == "edge" and "egress" in MeshTopology.model_fields
     mesh = egress_mesh(layouts, secrets, runs["cloud"].secrets) if tier == "edge" else cloud_mesh(layouts, secrets)
