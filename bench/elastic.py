@@ -37,6 +37,7 @@ from bench.lib.local_stack import RunningStack, local_stack
 from bench.lib.replica_usage import UsageSampler
 from bench.lib.scaling import count_at, read_cold_starts, read_decisions
 from bench.lib.serving import ROOT, ServerStartError
+from services.cli.stack.credentials import state_internal_token
 
 COMMAND = "python -m bench.elastic"
 ELASTIC_TOPOLOGY = ROOT / "services" / "cli" / "stack" / "elastic_topology.yaml"
@@ -272,7 +273,7 @@ def parked(stack: RunningStack) -> tuple[float, float] | None:
         if not str(service.get("name", "")).startswith("gateway") or not service.get("metrics_port"):
             continue
         try:
-            samples = gateway_metric_samples(int(service["metrics_port"]))
+            samples = gateway_metric_samples(int(service["metrics_port"]), state_internal_token(stack.state))
         except OSError:
             continue
         for sample in samples:

@@ -23,6 +23,7 @@ from bench.lib.perf_analyzer import PerfAnalyzerError, PerfResult, ensure_perf_a
 from bench.lib.results import ratio
 from bench.lib.serving import ROOT, ServerStartError, floor_argv, free_port, running
 from bench.pipeline import zipf_ranks
+from services.cli.stack.credentials import state_internal_token
 from services.cli.stack.state import read_state
 from services.mesh.admin import EnvoyAdmin
 
@@ -397,7 +398,7 @@ def gateway_outcomes(state: dict[str, Any]) -> dict[tuple[str, str], float]:
     for service in state.get("services", []):
         if process_column(str(service.get("name", ""))) != "gateway" or not service.get("metrics_port"):
             continue
-        for sample in gateway_metric_samples(int(service["metrics_port"])):
+        for sample in gateway_metric_samples(int(service["metrics_port"]), state_internal_token(state)):
             if sample.name == "meshserve_gateway_requests_total" and sample.labels.get("pipeline") == PIPELINE:
                 key = (sample.labels.get("code", ""), sample.labels.get("cache", ""))
                 counts[key] = counts.get(key, 0.0) + sample.value

@@ -18,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench.lib.serving import ROOT
 from services.cli.traffic import FIELDS
+from services.common.internal_auth import auth_headers
 from services.protos import inference_pb2 as pb
 
 MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
@@ -154,8 +155,9 @@ def changed_pipelines(folder: Path, **sections: dict) -> Path:
     return folder
 
 
-def gateway_metric_samples(metrics_port: int) -> list:
-    """Every sample the gateway's /metrics shows now."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as reply:
+def gateway_metric_samples(metrics_port: int, token: str = "") -> list:
+    """Every sample the gateway's /metrics shows now (with the stack's internal `token`, which its /metrics needs)."""
+    request = urllib.request.Request(f"http://127.0.0.1:{metrics_port}/metrics", headers=auth_headers(token))
+    with urllib.request.urlopen(request, timeout=5) as reply:
         text = reply.read().decode()
     return [sample for family in text_string_to_metric_families(text) for sample in family.samples]

@@ -305,6 +305,7 @@ def test_without_the_canary_every_model_call_goes_to_the_stable_replicas(
 
 
 def test_an_insecure_stack_on_an_external_redis_balances_two_gateways(insecure_stack: tuple[Stack, str]) -> None:
+    import urllib.error
     import urllib.request
 
     from tritonclient.utils import InferenceServerException
@@ -321,10 +322,17 @@ def test_an_insecure_stack_on_an_external_redis_balances_two_gateways(insecure_s
 
     client = stack.triton()  # plaintext, no token
 
-    def answered(name: str) -> float:
+    from services.cli.stack.credentials import state_internal_token
+    from services.common.internal_auth import auth_headers
+
+    token = state_internal_token(state)  # --insecure changes only the ingress: /metrics still needs the credential
+    assert token
+
+    def answered(name: str, headers: dict[str, str] | None = None) -> float:
         service = next(s for s in state["services"] if s["name"] == name)
-        host = service["address"].rpartition(":")[0]
-        with urllib.request.urlopen(f"http://{host}:{service['metrics_port']}/metrics", timeout=5) as response:
+        url = f"http://127.0.0.1:{service['metrics_port']}/metrics"
+        request = urllib.request.Request(url, headers=auth_headers(token) if headers is None else headers)
+        with urllib.request.urlopen(request, timeout=5) as response:
             text = response.read().decode()
         return sum(
             float(line.rsplit(" ", 1)[1])
@@ -338,6 +346,9 @@ def test_an_insecure_stack_on_an_external_redis_balances_two_gateways(insecure_s
         if i % 10 == 9 and min((served := {g: answered(g) for g in ("gateway-a", "gateway-b")}).values()) >= 5:
             break
     assert min(served.values()) >= 5, served
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        answered("gateway-a", headers={})
+    assert refused.value.code == 401
 
     os.kill(stack.pids()["gateway-a"], signal.SIGKILL)
     ok = []

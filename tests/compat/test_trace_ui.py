@@ -45,6 +45,7 @@ pytestmark = [
     ),
 ]
 DELAY_MS = 40
+UI_TOKEN = "trace-ui-test-token"  # what MESHSERVE_TRACES_UI_TOKEN gives the UI: its login URL carries it
 NEW, REPEATED = 10, 10  # cache misses (through the delayed lookup) and hits (fast, no feature call)
 
 
@@ -58,7 +59,8 @@ class Traced:
 
 
 def get_json(url: str) -> Any:
-    with urllib.request.urlopen(url, timeout=10) as answer:
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {UI_TOKEN}"})
+    with urllib.request.urlopen(request, timeout=10) as answer:
         return json.loads(answer.read())
 
 
@@ -94,7 +96,14 @@ def traced(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Traced]:
         stack.callback(valkey.stop)
         stack.enter_context(
             service_process(
-                "traces", logs, {"MESHSERVE_TRACES_DB": str(db), "MESHSERVE_TRACES_UI_PORT": str(ui_port)}, traces_port
+                "traces",
+                logs,
+                {
+                    "MESHSERVE_TRACES_DB": str(db),
+                    "MESHSERVE_TRACES_UI_PORT": str(ui_port),
+                    "MESHSERVE_TRACES_UI_TOKEN": UI_TOKEN,
+                },
+                traces_port,
             )
         )
         model = stack.enter_context(
@@ -163,7 +172,11 @@ def test_the_browser_finds_the_slow_feature_stage_in_the_waterfall(
     from selenium.webdriver.support.ui import Select, WebDriverWait
 
     wait = WebDriverWait(browser, 20)
-    browser.get(traced.ui + "#/traces")
+    browser.get(traced.ui + "#/traces")  # without the token: the page that says how to get in
+    assert "needs its token" in browser.page_source
+    assert any("401" in e["message"] for e in browser.get_log("browser"))  # read: the log is clean from here on
+    browser.get(f"{traced.ui}?token={UI_TOKEN}#/traces")  # the login URL: the cookie, then the page without it
+    assert "token=" not in browser.current_url
     wait.until(lambda d: d.execute_script("return document.body.dataset.ready || ''"))
     everything = len(browser.find_elements(By.CSS_SELECTOR, "#trace-list tr.trace-row"))
     assert everything >= NEW + REPEATED
@@ -229,7 +242,7 @@ def test_the_browser_finds_the_slow_feature_stage_in_the_waterfall(
 
 
 @pytest.fixture(scope="module")
-def marked_ui(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def marked_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """The UI in-process over a store of synthetic traces carrying every mark (triggers, partial, degraded, an
     error with its code and message, events, hostile text), and three requests batched into one feature call."""
     from services.traces.records import STATUS_ERROR, SpanEvent
@@ -266,8 +279,15 @@ def marked_ui(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             store.insert(member)
     server = TraceUI(db, "127.0.0.1", 0)
     server.start()
-    yield server.url
+    yield server
     server.stop()
+
+
+@pytest.fixture()
+def marked_ui(marked_server: Any, browser: Any) -> str:
+    """The marked UI's address, the test's browser already let in by its login URL (the cookie)."""
+    browser.get(marked_server.login_url)
+    return str(marked_server.url)
 
 
 HOSTILE = '<img src=x onerror="window.pwned=1"><script>window.pwned=2</script>'

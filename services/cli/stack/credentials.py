@@ -10,9 +10,10 @@ import datetime as dt
 import ipaddress
 import os
 import secrets
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
@@ -255,3 +256,15 @@ class StackSecrets:
     def mint(self, subject: str, ttl_s: float = tokens.DEFAULT_TTL_S) -> str:
         """A token for `subject` (tokens.OPERATOR_SUBJECT for the operator) signed with the stack's key."""
         return tokens.mint(self._read(self.signing_key), subject, ttl_s=ttl_s)
+
+
+def state_internal_token(state: Mapping[str, Any] | None) -> str:
+    """The internal token of the stack whose stack.json is `state`, for a client of its /metrics or /recording/*
+    ('' when it names no secrets folder or the token cannot be read: those endpoints are then open, or not ours)."""
+    folder = (state or {}).get("secrets_dir")
+    if not folder:
+        return ""
+    try:
+        return StackSecrets(Path(str(folder))).internal_token()
+    except SecretsError:
+        return ""
