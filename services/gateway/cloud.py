@@ -9,23 +9,17 @@ context, so one trace spans both tiers.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from pathlib import Path
 
 import grpc
 from prometheus_client import Counter
 
-from services.common.errors import from_rpc_error
 from services.gateway import metrics
 from services.gateway.settings import GatewaySettings
 from services.gateway.upstream import Headers, channel_options
-from services.model.api import InferResult, RawTensor
-from services.protos import inference_pb2 as pb
-from services.protos import inference_pb2_grpc as pb_grpc
+from services.model.api import InferResult, ModelClient, RawTensor
 
-log = logging.getLogger(__name__)
-SERVICE = "cloud tier"
 # Request headers that never travel to the cloud: the cloud learns the class from this gateway's own header only.
 _NEVER_SENT = ("authorization",)
 
@@ -48,9 +42,10 @@ def read_token(path: Path | None) -> str:
 
 
 class CloudClient:
-    """ModelInfer at the cloud tier over one long-lived channel; raises the project's errors with the cloud's code.
+    """ModelInfer at the cloud tier over one long-lived channel (a ModelClient: the cloud's own status codes come
+    back as the project's errors), every call with this edge's bearer token.
 
-    Example (what `PipelineRunner` does for one pipeline)::
+    Example (what the gateway does for each pipeline that sends general requests to the cloud)::
 
         client = CloudClient.connect(settings)            # MESHSERVE_GATEWAY_CLOUD_URL, _TOKEN_FILE, _TLS_CA_FILE
         upstream = client.for_pipeline("fraud", "derived_features")
@@ -64,7 +59,7 @@ class CloudClient:
 
     def __init__(self, channel: grpc.aio.Channel, token: str = "", address: str = "") -> None:
         self.channel = channel
-        self.stub = pb_grpc.GRPCInferenceServiceStub(channel)
+        self.model = ModelClient(channel)
         self.address = address
         self._auth: tuple[tuple[str, str], ...] = (("authorization", f"Bearer {token}"),) if token else ()
 
@@ -92,40 +87,33 @@ class CloudClient:
         """The cloud upstream of one pipeline: its calls counted under its labels."""
         return PipelineCloud(self, metrics.CLOUD_BYTES.labels(pipeline, leave_edge))
 
-    @staticmethod
-    def request(model: str, version: str, inputs: Sequence[RawTensor]) -> pb.ModelInferRequest:
-        """One ModelInfer of `model` (a pipeline, or a model the cloud gateway serves by name) with raw inputs."""
-        request = pb.ModelInferRequest(model_name=model, model_version=version)
-        for tensor in inputs:
-            request.inputs.add(name=tensor.name, datatype=tensor.datatype, shape=tensor.shape)
-            request.raw_input_contents.append(tensor.raw)
-        return request
-
-    async def send(
-        self, request: pb.ModelInferRequest, *, timeout_s: float | None = None, metadata: Headers = ()
+    async def infer(
+        self,
+        model: str,
+        version: str,
+        inputs: Sequence[RawTensor],
+        *,
+        timeout_s: float | None = None,
+        metadata: Headers = (),
     ) -> InferResult:
-        """The cloud's answer to `request`, its model version from the `model_version` parameter when the cloud
-        answered for a pipeline; a failed call raises MeshserveError with the cloud's code."""
+        """One ModelInfer of `model` (a pipeline, or a model the cloud gateway serves by name) with raw inputs; a
+        failed call raises MeshserveError with the cloud's code."""
         headers = (*(h for h in metadata if h[0] not in _NEVER_SENT), *self._auth)
-        try:
-            response = await self.stub.ModelInfer(request, timeout=timeout_s, metadata=headers)
-        except grpc.aio.AioRpcError as exc:
-            raise from_rpc_error(f"{SERVICE} ({request.model_name!r})", exc) from exc
-        outputs = [
-            RawTensor(o.name, o.datatype, list(o.shape), raw)
-            for o, raw in zip(response.outputs, response.raw_output_contents, strict=False)
-        ]
-        param = response.parameters.get("model_version")
-        answered = param.string_param if param is not None else ""
-        return InferResult(response.model_name, answered or response.model_version, outputs)
+        return await self.model.infer(model, version, inputs, timeout_s=timeout_s, metadata=headers)
 
     async def close(self) -> None:
         await self.channel.close()
 
 
+def sent_bytes(inputs: Sequence[RawTensor]) -> int:
+    """What one call carries across, in bytes: each tensor's raw contents, name, datatype and shape (the
+    request's framing, a few dozen bytes, aside)."""
+    return sum(len(t.raw) + len(t.name) + len(t.datatype) + 8 * len(t.shape) for t in inputs)
+
+
 class PipelineCloud:
     """One pipeline's view of the cloud client, shaped as a model upstream (so the runner's model join batches its
-    calls); counts the bytes of each request it sends."""
+    calls); counts what each call sends."""
 
     def __init__(self, client: CloudClient, sent: Counter) -> None:
         self.client = client
@@ -140,9 +128,8 @@ class PipelineCloud:
         timeout_s: float | None = None,
         metadata: Headers = (),
     ) -> InferResult:
-        request = self.client.request(model, version, inputs)
-        self.sent.inc(request.ByteSize())  # counted as sent: a call that fails may have crossed all the same
-        return await self.client.send(request, timeout_s=timeout_s, metadata=metadata)
+        self.sent.inc(sent_bytes(inputs))  # counted as sent: a call that fails may have crossed all the same
+        return await self.client.infer(model, version, inputs, timeout_s=timeout_s, metadata=metadata)
 
     async def ready(
         self, model: str, version: str = "", *, timeout_s: float | None = None, metadata: Headers = ()

@@ -77,10 +77,7 @@ class GatewayHandler:
         self.tier = settings.tier
         self.pipelines: dict[str, PipelineSpec] = load_pipelines(settings.pipelines_dir)
         self.up = Upstreams.connect(settings) if upstreams is None else upstreams
-        crosses = any(s.placement is not None and decide(s, "general").tier == "cloud" for s in self.pipelines.values())
-        if cloud is None and crosses and self.tier == "edge":
-            cloud = CloudClient.connect(settings)
-        self.cloud = cloud if self.tier == "edge" else None
+        self.cloud = self._cloud_client(cloud)
         self.versions = ServingVersions(settings.versions_ttl_s)
         models = {spec.model.name for spec in self.pipelines.values()}
         self.refresher = VersionRefresher(self.up.model, models, self.versions, settings.versions_refresh_s, UNTRACED)
@@ -151,6 +148,14 @@ class GatewayHandler:
         await self.up.close()
         if self.cloud is not None:
             await self.cloud.close()
+
+    def _cloud_client(self, given: CloudClient | None) -> CloudClient | None:
+        """An edge-tier gateway's client to the cloud tier: `given`, else one from the settings when some pipeline
+        sends general requests to the cloud (None on the other tiers)."""
+        if self.tier != "edge":
+            return None
+        crosses = any(s.placement is not None and decide(s, "general").tier == "cloud" for s in self.pipelines.values())
+        return CloudClient.connect(self.settings) if given is None and crosses else given
 
     def _cloud_of(self, spec: PipelineSpec) -> PipelineCloud | None:
         """The cloud upstream of one pipeline's runner (None: it never sends to the cloud)."""

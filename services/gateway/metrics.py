@@ -79,7 +79,7 @@ TIER_ANSWERS = Counter(
 )
 CLOUD_BYTES = Counter(
     "meshserve_gateway_cloud_bytes_total",
-    "Bytes of the requests the edge gateway sent to the cloud tier (serialized ModelInferRequest), by pipeline and "
+    "Bytes the edge gateway sent to the cloud tier (each tensor's contents, name, datatype and shape), by pipeline and "
     "what crossed (request, derived_features).",
     ["pipeline", "leave_edge"],
 )

@@ -25,6 +25,7 @@ from services.common.errors import MeshserveError, Unavailable
 from services.common.server import Lifecycle
 from services.common.tensor_codec import serialize_bytes
 from services.gateway import metrics
+from services.gateway.cloud import CloudClient, CloudConfigError, read_token, sent_bytes
 from services.gateway.domain import PipelineRequest
 from services.gateway.handler import GatewayHandler
 from services.gateway.servicer import SERVICE_NAME, GatewayServicer
@@ -34,6 +35,7 @@ from services.model.api import InferResult, RawTensor
 from services.protos import inference_pb2 as pb
 from services.protos import inference_pb2_grpc as pb_grpc
 from tests.helpers.inprocess import serving_in_process
+from tests.unit.gateway.fake_services import fake_services
 from tests.unit.gateway.fakes import FakeCache, FakeFeatures, FakeModel, pipeline_document, scores
 from tests.unit.gateway.test_handler import sample
 
@@ -351,3 +353,32 @@ async def test_one_trace_spans_both_tiers_and_the_wan_hop_is_its_own_span(
     (headers,) = cloud.model.headers.seen  # the cloud gateway passed the edge's trace on to its model
     trace_id = headers["traceparent"].split("-")[1]
     assert trace_id == f"{root.get_span_context().trace_id:032x}"
+
+
+async def test_the_cloud_client_sends_the_token_and_counts_what_crosses(tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text(f"Bearer {TOKEN}\n")
+    assert read_token(token) == TOKEN and read_token(None) == ""
+    with pytest.raises(CloudConfigError, match="MESHSERVE_GATEWAY_CLOUD_TOKEN_FILE: cannot read") as info:
+        read_token(tmp_path / "missing")
+    assert str(tmp_path) not in str(info.value)
+    async with fake_services() as (model, _, channel):
+        client = CloudClient(channel, TOKEN)
+        upstream = client.for_pipeline("p", "derived_features")
+        before = sample(metrics.CLOUD_BYTES, pipeline="p", leave_edge="derived_features")
+        features = RawTensor("features", "FP32", [2, 3], np.ones((2, 3), np.float32).tobytes())
+        headers = (("x-meshserve-data-class", "general"), ("authorization", "Bearer a-client-token"))
+        result = await upstream.infer("m", "", [features], timeout_s=5, metadata=headers)
+        assert result.outputs[0].raw == features.raw
+        seen = model.metadata["ModelInfer"]
+        assert seen["authorization"] == f"Bearer {TOKEN}"  # this edge's credential, never a client's
+        assert seen["x-meshserve-data-class"] == "general"
+        assert sample(metrics.CLOUD_BYTES, pipeline="p", leave_edge="derived_features") == before + sent_bytes(
+            [features]
+        )
+        assert sent_bytes([features]) >= 24
+
+
+def test_an_edge_whose_pipelines_go_to_the_cloud_needs_its_url(pipelines: Path) -> None:
+    with pytest.raises(CloudConfigError, match="MESHSERVE_GATEWAY_CLOUD_URL is not set"):
+        GatewayHandler(settings(pipelines, tier="edge"), Lifecycle(), upstreams([], EDGE_SCORE)[0])
