@@ -20,8 +20,9 @@ from services.gateway.settings import GatewaySettings
 from services.gateway.upstream import Headers, channel_options
 from services.model.api import InferResult, ModelClient, RawTensor
 
-# Request headers that never travel to the cloud: the cloud learns the class from this gateway's own header only.
-_NEVER_SENT = ("authorization",)
+# Headers a client may have written that never travel to the cloud: its credential (the cloud gets this edge's),
+# and W3C baggage, free-form key=value pairs that could carry an identifier.
+_NEVER_SENT = ("authorization", "baggage")
 
 
 class CloudConfigError(ValueError):

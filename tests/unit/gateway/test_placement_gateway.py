@@ -367,12 +367,16 @@ async def test_the_cloud_client_sends_the_token_and_counts_what_crosses(tmp_path
         upstream = client.for_pipeline("p", "derived_features")
         before = sample(metrics.CLOUD_BYTES, pipeline="p", leave_edge="derived_features")
         features = RawTensor("features", "FP32", [2, 3], np.ones((2, 3), np.float32).tobytes())
-        headers = (("x-meshserve-data-class", "general"), ("authorization", "Bearer a-client-token"))
+        headers = (
+            ("x-meshserve-data-class", "general"),
+            ("authorization", "Bearer a-client-token"),
+            ("baggage", f"user.id={CANARY}"),
+        )
         result = await upstream.infer("m", "", [features], timeout_s=5, metadata=headers)
         assert result.outputs[0].raw == features.raw
         seen = model.metadata["ModelInfer"]
         assert seen["authorization"] == f"Bearer {TOKEN}"  # this edge's credential, never a client's
-        assert seen["x-meshserve-data-class"] == "general"
+        assert seen["x-meshserve-data-class"] == "general" and "baggage" not in seen
         assert sample(metrics.CLOUD_BYTES, pipeline="p", leave_edge="derived_features") == before + sent_bytes(
             [features]
         )
