@@ -68,8 +68,10 @@ test: setup models
 
 # The whole local stack (Valkey, model v1 x2 + v2 canary, feature, cache, gateway, Envoy from istio/), 20 s of
 # demo traffic with a live view and a summary, then it keeps serving until Ctrl-C.
+# TOPOLOGY=edge_cloud: two tiers (an edge and a cloud stack, the 30 ms emulated WAN between them) and a demo of
+# sensitive and general requests, its summary per tier.
 run: setup models
-	$(VENV)/bin/meshserve up --demo 20
+	$(VENV)/bin/meshserve up --demo 20 $(if $(TOPOLOGY),--topology $(TOPOLOGY))
 
 bench: setup models
 	$(PY) -m bench.model_service
@@ -80,6 +82,12 @@ bench: setup models
 	$(PY) -m bench.tracing
 	$(PY) -m bench.stack
 	$(PY) -m bench.elastic
+
+# Two tiers with the 30 ms emulated WAN beside the edge stack alone (about 3 minutes): sensitive p50 against the
+# edge alone, general p50 against WAN + the cloud alone, bytes per request sent to the cloud per leave_edge policy.
+.PHONY: bench-edge
+bench-edge: setup models
+	$(PY) -m bench.edge
 
 bench-peers: setup models
 	$(PY) -m bench.peers

@@ -30,6 +30,8 @@ from services.cli.stack.tiers import (
 )
 from services.cli.stack.up import (
     StackRun,
+    _custom_log_dir,
+    _log_dir_flag,
     announce,
     reach_entry,
     shut_down,
@@ -189,7 +191,8 @@ async def run_tiers(
         announce(edge, endpoint, example=demo_s <= 0)
         console.print(
             f"cloud ingress at {state['cloud_ingress']}; the edge reaches it through {state['egress']} "
-            f"(+{state['wan_delay_ms']} ms WAN, istio/edge); `meshserve status` shows both tiers",
+            f"(+{state['wan_delay_ms']} ms WAN, istio/edge); `meshserve status` shows both tiers, `meshserve demo "
+            f"--tier-mix 0.5{_log_dir_flag(_custom_log_dir(layouts.log_dir))}` sends sensitive and general requests",
             highlight=False,
             soft_wrap=True,
         )
