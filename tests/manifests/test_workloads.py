@@ -9,11 +9,18 @@ from tests.manifests.support import Doc, containers, env_of, find, one
 SERVICES = {"gateway": 8000, "model": 8001, "feature": 8002, "cache": 8003}
 METRICS_PORTS = {"gateway": 9000, "model": 9001, "feature": 9002, "cache": 9003}
 DEPLOYMENTS = {"gateway": "gateway", "model-v1": "model", "model-v2": "model", "feature": "feature", "cache": "cache"}
+# Deployments of Redis (the cache's), not meshserve services; the feature store is a StatefulSet.
+STORES = {"redis-cache"}
 POD_LABELS = ("app", "app.kubernetes.io/name", "app.kubernetes.io/part-of", "version")
 
 
 def workloads(docs: list[Doc]) -> list[Doc]:
     return find(docs, "Deployment") + find(docs, "StatefulSet")
+
+
+def services(docs: list[Doc]) -> list[Doc]:
+    """The Deployments of meshserve's services (not of the Redis servers they use)."""
+    return [d for d in find(docs, "Deployment") if d["metadata"]["name"] not in STORES]
 
 
 def pod_labels(workload: Doc) -> dict[str, str]:
@@ -27,7 +34,7 @@ def selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
 def test_expected_workloads(overlay: tuple[str, list[Doc]]) -> None:
     name, docs = overlay
     expected = set(DEPLOYMENTS) - ({"model-v2"} if name == "prod-flagger" else set())
-    assert {d["metadata"]["name"] for d in find(docs, "Deployment")} == expected
+    assert {d["metadata"]["name"] for d in find(docs, "Deployment")} == expected | STORES
     assert [d["metadata"]["name"] for d in find(docs, "StatefulSet")] == ["redis"]
     assert all(d["metadata"]["namespace"] == "meshserve" for d in workloads(docs))
     assert one(docs, "Namespace", "meshserve")["metadata"]["labels"]["istio-injection"] == "enabled"
@@ -61,7 +68,7 @@ def test_labels_and_service_accounts(overlay: tuple[str, list[Doc]]) -> None:
     accounts = {d["metadata"]["name"] for d in find(docs, "ServiceAccount")}
     for workload in find(docs, "Deployment"):
         name = workload["metadata"]["name"]
-        svc = DEPLOYMENTS[name]
+        svc = DEPLOYMENTS.get(name, name)
         labels = pod_labels(workload)
         assert all(k in labels for k in POD_LABELS), (name, labels)
         assert labels["app"] == labels["app.kubernetes.io/name"] == svc
@@ -94,7 +101,7 @@ def test_services_and_ports(overlay: tuple[str, list[Doc]]) -> None:
 
 def test_grpc_probes_and_drain_timing(overlay: tuple[str, list[Doc]]) -> None:
     _, docs = overlay
-    for workload in find(docs, "Deployment"):
+    for workload in services(docs):
         name = workload["metadata"]["name"]
         svc = DEPLOYMENTS[name]
         pod = workload["spec"]["template"]["spec"]
@@ -167,14 +174,49 @@ def test_volumes_reference_generated_config_maps(overlay: tuple[str, list[Doc]])
 
 
 def test_redis_is_reachable_only_from_feature_and_cache(overlay: tuple[str, list[Doc]]) -> None:
+    """Each Redis admits only its one service: the feature store (redis) the feature pods, the cache's Redis
+    (redis-cache) the cache pods; and each service is given the URL of its own."""
     _, docs = overlay
-    policy = one(docs, "NetworkPolicy", "redis")
-    (rule,) = policy["spec"]["ingress"]
-    (peer,) = rule["from"]
-    (expr,) = peer["podSelector"]["matchExpressions"]
-    assert (expr["key"], expr["operator"], sorted(expr["values"])) == ("app", "In", ["cache", "feature"])
+    for store, client in (("redis", "feature"), ("redis-cache", "cache")):
+        policy = one(docs, "NetworkPolicy", store)
+        assert policy["spec"]["podSelector"]["matchLabels"] == {"app": store}
+        (rule,) = policy["spec"]["ingress"]
+        (peer,) = rule["from"]
+        selector = peer["podSelector"]
+        admitted = selector["matchLabels"].get("app") if "matchLabels" in selector else None
+        if "matchExpressions" in selector:
+            (expr,) = selector["matchExpressions"]
+            assert (expr["key"], expr["operator"]) == ("app", "In")
+            (admitted,) = expr["values"]
+        assert admitted == client, store
+        assert one(docs, "Service", store)["spec"]["ports"][0]["port"] == 6379
+        deployment = one(docs, "Deployment", client)
+        assert env_of(deployment["spec"]["template"]["spec"]["containers"][0])["MESHSERVE_REDIS_URL"] == (
+            f"redis://{store}:6379/0"
+        )
     common = next(d for d in find(docs, "ConfigMap") if d["metadata"]["name"].startswith("meshserve-common-"))
-    assert common["data"]["MESHSERVE_REDIS_URL"] == "redis://redis:6379/0"
+    assert "MESHSERVE_REDIS_URL" not in common["data"]  # one URL for both would be wrong for one of them
+
+
+def test_the_feature_store_keeps_every_write_and_the_cache_may_evict(overlay: tuple[str, list[Doc]]) -> None:
+    """The feature store: append-only file fsynced before each reply on its volume, noeviction; the cache's Redis:
+    no persistence, allkeys-lru (services/common/embedded.py FEATURE_STORE and CACHE, as `meshserve up` runs them)."""
+    from services.common.embedded import CACHE, FEATURE_STORE
+
+    _, docs = overlay
+
+    def flags(workload: Doc) -> dict[str, str]:
+        command = workload["spec"]["template"]["spec"]["containers"][0]["command"]
+        return {command[i][2:]: command[i + 1] for i in range(1, len(command), 2)}
+
+    store = flags(one(docs, "StatefulSet", "redis"))
+    for key in ("appendonly", "appendfsync", "maxmemory-policy", "save"):
+        assert store[key] == FEATURE_STORE[key], key
+    mounts = one(docs, "StatefulSet", "redis")["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]
+    assert {"name": "data", "mountPath": store["dir"]} in mounts
+    cache = flags(one(docs, "Deployment", "redis-cache"))
+    for key in ("appendonly", "maxmemory-policy", "save"):
+        assert cache[key] == CACHE[key], key
 
 
 def test_mesh_policy_matches_the_workloads(overlay: tuple[str, list[Doc]]) -> None:
@@ -225,7 +267,7 @@ def test_every_service_takes_its_operator_token_from_the_cluster_secret(overlay:
     (optional: false, so a missing Secret keeps the pod from starting instead of leaving the RPCs open); the
     Secret itself is never part of the build (no committed credential)."""
     _, docs = overlay
-    for workload in find(docs, "Deployment"):
+    for workload in services(docs):
         name = workload["metadata"]["name"]
         svc = DEPLOYMENTS[name]
         container = workload["spec"]["template"]["spec"]["containers"][0]
