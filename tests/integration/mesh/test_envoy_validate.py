@@ -27,6 +27,13 @@ def test_rendered_config_passes_envoy_validate(tmp_path: Path, variant: str | No
     ]
 
 
+def test_a_topology_on_unix_sockets_passes_envoy_validate(tmp_path: Path) -> None:
+    from tests.unit.mesh.test_unix_sockets import socket_topology
+
+    for dynamic in (False, True):
+        LocalMesh(socket_topology(dynamic=dynamic), [ISTIO], tmp_path / str(dynamic)).validate()
+
+
 def test_envoy_rejection_is_reported(tmp_path: Path) -> None:
     bad = tmp_path / "envoy.yaml"
     bad.write_text("static_resources: {clusters: [{name: x, typo_field: 1}]}\n")
