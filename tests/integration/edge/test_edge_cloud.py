@@ -28,6 +28,7 @@ from services.cli.connect import Endpoint
 from services.cli.infer import build_request, input_specs, parameter_value, rows_to_arrays
 from services.protos import inference_pb2 as pb
 from services.protos import inference_pb2_grpc as pb_grpc
+from tests.helpers.cli_stack import meshserve
 from tests.helpers.fixtures import T0, fraud_row
 from tests.integration.edge.conftest import Tiers, sample
 
@@ -181,6 +182,15 @@ def spans(db: Path, trace_id: str) -> set[str]:
         return {row[0] for row in conn.execute("SELECT service FROM spans WHERE trace_id = ?", (trace_id,))}
 
 
+def test_status_shows_both_tiers_healthy(tiers: Tiers) -> None:
+    status = meshserve("status", "--log-dir", str(tiers.log_dir))
+    assert status.returncode == 0, status.stdout + status.stderr
+    cloud, _, edge = status.stdout.partition("edge tier")
+    assert "cloud tier" in cloud and edge
+    assert "model-v1-a" in cloud and "model-v2-a" not in cloud  # the full model in the cloud, the INT8 at the edge
+    assert "model-v2-a" in edge and "model-v1-a" not in edge
+
+
 async def test_ten_thousand_sensitive_rows_never_reach_the_cloud(tiers: Tiers) -> None:
     endpoint = tiers.endpoint()
     specs = await fraud_specs(endpoint)
@@ -286,3 +296,23 @@ async def test_with_the_cloud_tier_killed_every_general_request_is_answered_edge
     assert len(out.answered) == 50
     assert {(a.get("meshserve_tier"), a.get("degraded")) for a in out.answered} == {("edge", "edge_only")}
     assert sample(tiers.metrics("edge", "gateway"), EDGE_ONLY) - edge_only == 50
+
+
+def test_down_stops_both_tiers(tiers: Tiers) -> None:
+    pids = [*tiers.pids("edge").values(), *tiers.pids("cloud").values()]
+    down = meshserve("down", "--log-dir", str(tiers.log_dir), timeout=90)
+    assert down.returncode == 0 and "stopped cloud, edge" in down.stdout, down.stdout + down.stderr
+    assert tiers.process.wait(10) == 0
+    assert not (tiers.log_dir / "stack.json").exists()
+    alive = [pid for pid in pids if running(pid)]
+    assert alive == [], alive
+    again = meshserve("down", "--log-dir", str(tiers.log_dir))
+    assert again.returncode == 1 and "no running stack" in again.stderr
+
+
+def running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
