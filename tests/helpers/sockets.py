@@ -37,7 +37,9 @@ def _address(hex_address: str) -> tuple[str, int]:
     host_hex, port_hex = hex_address.split(":")
     raw = bytes.fromhex(host_hex)
     words = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
-    return str(ipaddress.ip_address(words)), int(port_hex, 16)
+    host = ipaddress.ip_address(words)
+    mapped = host.ipv4_mapped if isinstance(host, ipaddress.IPv6Address) else None  # grpc listens on tcp6
+    return str(mapped or host), int(port_hex, 16)
 
 
 def listening_table(pid: int) -> dict[int, tuple[str, int]]:

@@ -15,6 +15,7 @@ def test_addresses_are_decoded_from_procs_word_order() -> None:
     assert _address("0100007F:1F90") == ("127.0.0.1", 8080)
     assert _address("00000000:0050") == ("0.0.0.0", 80)
     assert _address("00000000000000000000000001000000:01BB") == ("::1", 443)
+    assert _address("0000000000000000FFFF00000100007F:2F8F") == ("127.0.0.1", 12175)  # IPv4 on a tcp6 socket
 
 
 def test_the_walk_finds_this_processs_listening_sockets_only() -> None:
