@@ -42,7 +42,7 @@ SENSITIVE_ROWS = 10_000  # in ceil(10,000 / 64) = 157 requests of 64 rows
 ANSWERS = "meshserve_gateway_tier_answers_total"
 CLOUD_BYTES = "meshserve_gateway_cloud_bytes_total"
 EDGE_ONLY = "meshserve_gateway_edge_only_total"
-REQUESTS = "meshserve_gateway_requests_total"
+HANDLED = "meshserve_grpc_server_handled_total"  # every RPC a service answered, by method and code
 
 
 @dataclass
@@ -149,8 +149,15 @@ def cloud_sensitive_count(tiers: Tiers) -> float:
     return sample(text, ANSWERS, data_class="sensitive") + sample(text, "meshserve_gateway_cloud_refused_total")
 
 
-def cloud_requests(tiers: Tiers) -> float:
-    return sample(tiers.metrics("cloud", "gateway"), REQUESTS)
+def cloud_requests(tiers: Tiers) -> tuple[float, int]:
+    """What reached the cloud: the ModelInfer calls its gateway answered (pipelines and models called by name), the
+    requests its ingress (Envoy) received."""
+    from services.mesh.admin import EnvoyAdmin
+
+    ingress = EnvoyAdmin(tiers.state("cloud")["admin"]).stats(r"^http\.ingress\.downstream_rq_total$")
+    assert len(ingress) == 1, "the cloud ingress's request counter"
+    infers = [line for line in tiers.metrics("cloud", "gateway").splitlines() if "ModelInfer" in line]
+    return sample("\n".join(infers), HANDLED), next(iter(ingress.values()))
 
 
 def edge_sent_bytes(tiers: Tiers) -> float:
@@ -165,6 +172,7 @@ async def test_one_trace_spans_both_tiers_from_the_edge_ingress_to_the_cloud_mod
     request = build_request("fraud", rows_to_arrays(rows(1, 0, None), specs))
     out = await send(endpoint, [request], metadata=traceparent)
     assert not out.failed and out.answered[0].get("meshserve_tier") == "cloud", out
+    assert all(cloud_requests(tiers))  # the counters that show nothing else crossed do count what crosses
     deadline = time.monotonic() + 30
     while True:
         edge, cloud = (spans(tiers.log_dir / tier / "traces.sqlite", trace_id) for tier in ("edge", "cloud"))
