@@ -23,14 +23,18 @@ class GatewaySettings(ServiceSettings):
     port: int = Field(8000, ge=0, le=65535, description="gRPC port (the ingress API).")
     metrics_port: int = Field(9000, ge=0, le=65535, description="Prometheus /metrics port (0 disables).")
     pipelines_dir: Path = Field(ROOT / "pipelines", description="Folder of pipeline YAML files.")
-    model_address: str = Field("127.0.0.1:8001", description="Model service (or its mesh listener), host:port.")
-    feature_address: str = Field("127.0.0.1:8002", description="Feature service (or its mesh listener).")
-    cache_address: str = Field("127.0.0.1:8003", description="Cache service (or its mesh listener).")
+    model_address: str = Field(
+        "127.0.0.1:8001",
+        description="Model service (or its mesh listener): host:port, or unix:/abs/path for a Unix socket (the local "
+        "stack's mesh listeners).",
+    )
+    feature_address: str = Field("127.0.0.1:8002", description="Feature service (or its mesh listener), as above.")
+    cache_address: str = Field("127.0.0.1:8003", description="Cache service (or its mesh listener), as above.")
     scaler_address: str = Field(
         "",
-        description="Scaler service (services/scaler), host:port: the gateway streams its demand there (model "
-        "calls in flight and requests parked, per model and subset) on every change and every second; empty: "
-        "no reporting.",
+        description="Scaler service (services/scaler), host:port or unix:/abs/path: the gateway streams its demand "
+        "there (model calls in flight and requests parked, per model and subset) on every change and every second; "
+        "empty: no reporting.",
     )
     public_models: list[str] = Field(
         default_factory=list,
