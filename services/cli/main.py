@@ -153,6 +153,8 @@ def up(
 
     tiers_file = tier_topology_file(topology)
     if tiers_file is not None:
+        single = (gateway_port, pipelines, redis_url, replicas, canary, gateway_replicas, None if mesh else False)
+        _refuse_single_tier_flags(*single)
         options = dict(host=host, traces=traces, insecure=insecure, tracing_mode=tracing_mode.value)
         _up_tiers(tiers_file, log_dir, port_base, models, start_timeout, stop_timeout, demo, options)
     layout = _stack_layout(
@@ -179,6 +181,15 @@ def up(
         err.print(f"[red]mesh configuration[/]: {e}", highlight=False)
         raise typer.Exit(2) from None
     raise typer.Exit(code)
+
+
+def _refuse_single_tier_flags(*values: object) -> None:
+    """Exit 2 naming the flags of a one-tier stack that were given with a two-tier topology (in `up`'s order)."""
+    flags = ("--gateway-port", "--pipelines", "--redis-url", "--replicas", "--canary", "--gateway-replicas")
+    given = [flag for flag, value in zip((*flags, "--no-mesh"), values, strict=True) if value is not None]
+    if given:
+        err.print(f"[red]topology[/]: {', '.join(given)}: not with two tiers (their file says each tier's stack)")
+        raise typer.Exit(2)
 
 
 def _up_tiers(

@@ -123,3 +123,15 @@ def test_the_tier_demo_blanks_exactly_the_sensitive_fields() -> None:
                                            "country": "us"}  # fmt: skip
     text = 'x_total{a="1"} 2\nx_total{a="2"} 3.5\nx_total_other 9\n# HELP x_total y\n'
     assert metric_sum(text, "x_total") == 5.5
+
+
+def test_up_refuses_one_tier_flags_with_two_tiers(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from services.cli.main import app
+
+    args = ["up", "--topology", EDGE_CLOUD, "--log-dir", str(tmp_path), "--replicas", "2", "--no-mesh"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2
+    assert "--replicas, --no-mesh: not with two tiers" in " ".join(result.output.split())
+    assert not (tmp_path / "cloud").exists()  # refused before anything was made
