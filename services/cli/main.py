@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.console import Console
 
-from services.cli.stack.state import default_log_dir, stack_address
+from services.cli.stack.state import default_log_dir, entry_dir, stack_address
 from services.traces.cli import app as traces_app
 
 if TYPE_CHECKING:
@@ -439,7 +439,7 @@ def ca_path(
     (grpcurl -cacert, tritonclient's root_certificates, perf_analyzer's --ssl-grpc-root-certifications-file)."""
     from services.cli.stack.credentials import StackSecrets
 
-    path = StackSecrets.of(log_dir).ca_cert
+    path = StackSecrets.of(entry_dir(log_dir)).ca_cert
     if not path.is_file():
         err.print(f"[red]ca[/]: no CA certificate at {path} (`meshserve up` makes it)", highlight=False, soft_wrap=True)
         raise typer.Exit(1)

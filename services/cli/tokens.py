@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 from services.cli.stack.credentials import StackSecrets
+from services.cli.stack.state import entry_dir
 from services.common.tokens import OPERATOR_SUBJECT
 
 UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -29,7 +30,8 @@ def parse_ttl(text: str) -> float:
 
 
 def issue(log_dir: Path, client: str | None, operator: bool = False, ttl: str = "30d") -> str:
-    """The token for `client` (or the operator) from the stack's signing key in `log_dir`.
+    """The token for `client` (or the operator) from the stack's signing key in `log_dir` (the edge's, when two
+    tiers run there).
 
     Raises TtlError, services.common.tokens.TokenError (a bad client name) or SecretsError (no stack secrets).
     """
@@ -41,4 +43,4 @@ def issue(log_dir: Path, client: str | None, operator: bool = False, ttl: str = 
         raise ValueError(f"{OPERATOR_SUBJECT!r} is the operator's subject: pass --operator to mean it")
     subject = OPERATOR_SUBJECT if operator else client
     assert subject is not None
-    return StackSecrets.of(log_dir).mint(subject, parse_ttl(ttl))
+    return StackSecrets.of(entry_dir(log_dir)).mint(subject, parse_ttl(ttl))

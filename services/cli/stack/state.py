@@ -38,3 +38,11 @@ def stack_address(log_dir: Path | None, fallback: str) -> str:
     if state is None:
         return fallback
     return str(state.get("ingress") or state.get("gateway") or fallback)
+
+
+def entry_dir(log_dir: Path) -> Path:
+    """The folder of the stack clients call in `log_dir`: the edge tier's when two tiers run there (`meshserve up
+    --topology edge_cloud`; its secrets sign the clients' tokens), else `log_dir` itself."""
+    tiers = (read_state(log_dir) or {}).get("tiers")
+    edge = tiers.get("edge") if isinstance(tiers, dict) else None
+    return Path(edge) if isinstance(edge, str) else log_dir

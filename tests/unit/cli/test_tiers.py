@@ -135,3 +135,16 @@ def test_up_refuses_one_tier_flags_with_two_tiers(tmp_path: Path) -> None:
     assert result.exit_code == 2
     assert "--replicas, --no-mesh: not with two tiers" in " ".join(result.output.split())
     assert not (tmp_path / "cloud").exists()  # refused before anything was made
+
+
+def test_token_and_ca_of_two_tiers_are_the_edges(tmp_path: Path) -> None:
+    from services.cli.stack.state import entry_dir
+    from services.cli.tokens import issue
+
+    edge = StackSecrets.ensure(tmp_path / "edge")
+    (tmp_path / "stack.json").write_text(
+        json.dumps({"tiers": {"cloud": str(tmp_path / "cloud"), "edge": str(edge.dir.parent)}})
+    )
+    assert entry_dir(tmp_path) == edge.dir.parent
+    assert tokens.verify(issue(tmp_path, "shop"), edge.jwks()).subject == "shop"
+    assert entry_dir(tmp_path / "edge") == tmp_path / "edge"  # one stack: its own folder
