@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from services.cli.stack.credentials import StackSecrets
 from services.traces.analysis import assemble, subtree_self_ns
 from services.traces.records import SpanRecord
 from services.traces.store import TraceStore
@@ -126,8 +127,10 @@ def test_hotspots_names_the_stage_a_delay_was_injected_into(tmp_path: Path, faul
         db = stack.log_dir / "traces.sqlite"
         wait_for_spans(db, trace_ids, expect=12 * 14)
         out = meshserve("traces", "hotspots", "--db", str(db), "--last", "12")
-        ui = stack.state()["traces_ui"]  # the stack's trace UI reads the same store
-        with urllib.request.urlopen(f"{ui}api/hotspots?limit=12", timeout=10) as response:
+        ui = stack.state()["traces_ui"]  # the stack's trace UI reads the same store, with the token `up` printed
+        token = StackSecrets(Path(stack.state()["secrets_dir"])).ui_token()
+        asked = urllib.request.Request(f"{ui}api/hotspots?limit=12", headers={"Authorization": f"Bearer {token}"})
+        with urllib.request.urlopen(asked, timeout=10) as response:
             served = json.loads(response.read())
     assert out.returncode == 0, out.stdout + out.stderr
     hotspot = [line for line in out.stdout.splitlines() if line.startswith("hotspot:")]
