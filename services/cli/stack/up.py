@@ -197,8 +197,8 @@ async def run_stack(
     """
     stop = stop_on_signals()
     log_dir.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 (once, at start-up)
-    if layout.socket_dir is not None:  # the services bind their sockets in it: only this user may enter
-        ensure_socket_dir(layout.socket_dir)
+    if not socket_dir_ready(layout, console):
+        return 1
     secrets = StackSecrets.ensure(log_dir, hosts=[layout.host])
     mesh = prepare_mesh(layout, log_dir / MESH_DIR, secrets) if layout.mesh else None
     envoy_command = mesh.envoy.command if mesh is not None else None
@@ -230,6 +230,19 @@ async def run_stack(
         return 0
     finally:
         await shut_down(run)
+
+
+def socket_dir_ready(layout: StackLayout, console: Console) -> bool:
+    """The layout's sockets folder (the services bind their sockets in it) made or taken over: 0700 and this
+    user's; False, saying why, when it cannot be."""
+    if layout.socket_dir is None:
+        return True
+    try:
+        ensure_socket_dir(layout.socket_dir)
+    except OSError as e:
+        console.print(f"[red]sockets[/]: {e}", highlight=False, soft_wrap=True)
+        return False
+    return True
 
 
 async def shut_down(run: StackRun) -> None:

@@ -113,3 +113,18 @@ async def test_health_probes_reach_a_service_on_its_socket(tmp_path: Path) -> No
         assert await check_health(spec)
     finally:
         await server.stop(0)
+
+
+def test_up_refuses_a_sockets_folder_that_is_not_its_users(tmp_path: Path) -> None:
+    from rich.console import Console
+
+    from services.cli.stack.up import socket_dir_ready
+
+    t = layout(tmp_path)
+    assert t.socket_dir is not None
+    t.socket_dir.parent.mkdir(parents=True)
+    os.symlink(tmp_path, t.socket_dir)  # planted: its target may be anyone's
+    console = Console(record=True, width=200)
+    assert not socket_dir_ready(t, console) and "not a folder of this user's" in console.export_text()
+    os.unlink(t.socket_dir)
+    assert socket_dir_ready(t, console) and t.socket_dir.is_dir()
