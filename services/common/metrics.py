@@ -10,7 +10,7 @@ from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 import grpc
 from opentelemetry import trace
-from prometheus_client import Counter, Histogram, make_wsgi_app
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
 
 from services.common.internal_auth import guarded_wsgi, internal_token
@@ -93,8 +93,10 @@ class _QuietHandler(WSGIRequestHandler):
         pass
 
 
-def start_metrics_server(port: int, host: str = "0.0.0.0", token: str | None = None) -> int | None:
-    """Serve /metrics on a background thread; returns the bound port (None when disabled).
+def start_metrics_server(
+    port: int, host: str = "0.0.0.0", token: str | None = None, registry: CollectorRegistry = REGISTRY
+) -> int | None:
+    """Serve /metrics (of `registry`) on a background thread; returns the bound port (None when disabled).
 
     With the internal credential (`token`, by default this process's MESHSERVE_INTERNAL_TOKEN) a scrape without
     `Authorization: Bearer <token>` gets 401 (services.common.internal_auth); without one it is open.
@@ -106,7 +108,7 @@ def start_metrics_server(port: int, host: str = "0.0.0.0", token: str | None = N
     class Server(ThreadingWSGIServer):
         address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
 
-    app = guarded_wsgi(make_wsgi_app(), token)
+    app = guarded_wsgi(make_wsgi_app(registry), token)
     server = make_server(host, port, app, Server, handler_class=_QuietHandler)
     threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
     bound = server.server_address[1]

@@ -219,3 +219,24 @@ def test_steps_select_part_of_the_script() -> None:
     assert chaos.parse([]).steps is None
     with pytest.raises(SystemExit):
         chaos.parse(["--steps", "no such step"])
+
+
+def test_a_probe_reads_a_gateways_metrics_with_the_stacks_internal_credential(tmp_path: Path) -> None:
+    """The stack's /metrics want its internal token: the probe finds it from stack.json's secrets folder."""
+    from prometheus_client import CollectorRegistry, Gauge
+
+    from services.cli.stack.credentials import StackSecrets
+    from services.common.metrics import start_metrics_server
+    from tests.helpers.servers import free_port
+
+    secrets = StackSecrets.ensure(tmp_path)
+    registry = CollectorRegistry()
+    Gauge("meshserve_gateway_concurrency_limit", "limit", ["pipeline"], registry=registry).labels("fraud").set(42)
+    port = start_metrics_server(free_port(), "127.0.0.1", token=secrets.internal_token(), registry=registry)
+    services = [{"name": "gateway", "address": "127.0.0.1:8000", "metrics_port": port}]
+    state = {"admin": None, "services": services, "secrets_dir": str(secrets.dir)}
+    (tmp_path / "stack.json").write_text(json.dumps(state))
+    assert LimitProbe(tmp_path).read(1.0).gateways == {"gateway": {"fraud": 42.0}}
+    del state["secrets_dir"]  # a client without the credential reads nothing (and never raises)
+    (tmp_path / "stack.json").write_text(json.dumps(state))
+    assert LimitProbe(tmp_path).read(1.0).gateways == {"gateway": {}}
