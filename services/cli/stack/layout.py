@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
 from typing import Literal
 
@@ -396,6 +397,19 @@ def ensure_socket_dir(path: Path) -> None:
     if path.is_symlink() or not path.is_dir() or info.st_uid != os.getuid():
         raise PermissionError(f"{path}: not a folder of this user's; the stack's sockets cannot live there")
     path.chmod(0o700)
+
+
+def socket_in_use(path: Path) -> bool:
+    """Whether something answers a connect on the Unix socket `path` (a leftover socket file refuses it)."""
+    if not path.is_socket():
+        return False
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(0.5)
+        try:
+            probe.connect(str(path))
+        except OSError:
+            return False
+    return True
 
 
 def trace_ports(ports: PortAllocator, tracing_mode: str) -> tuple[int, int, int | None]:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import BaseModel, Field, SecretStr
 
 from services.cache.settings import CacheSettings
-from services.cli.stack.layout import ModelReplica, StackLayout
+from services.cli.stack.layout import ModelReplica, StackLayout, socket_in_use
 from services.cli.stack.ports import port_in_use
 from services.common.internal_auth import InternalAuthSettings
 from services.common.recording import RecordingSettings
@@ -404,7 +404,8 @@ def traces_spec(layout: StackLayout) -> ProcessSpec:
 
 def busy_ports(layout: StackLayout, specs: list[ProcessSpec]) -> list[str]:
     """'name: port N' for every port of the stack that something already holds (the slots of replicas an autoscaled
-    group may start later included)."""
+    group may start later included), and 'socket PATH' for every socket of it that something answers on (a stack
+    running in the same log dir: binding would take its sockets over)."""
     ports = [(s.name, p) for s in specs for p in (s.port, s.metrics_port) if p]
     started = {s.name for s in specs}
     grpc = layout.socket_dir is None  # with sockets only the metrics ports are ports
@@ -415,4 +416,5 @@ def busy_ports(layout: StackLayout, specs: list[ProcessSpec]) -> list[str]:
         ports.append(("envoy ingress", layout.ingress_port))
         if layout.admin_socket is None:
             ports.append(("envoy admin", layout.admin_port))
-    return [f"{name}: port {port}" for name, port in ports if port_in_use(layout.host, port)]
+    busy = [f"{name}: port {port}" for name, port in ports if port_in_use(layout.host, port)]
+    return busy + [f"socket {path}" for path in layout.socket_paths() if socket_in_use(path)]

@@ -207,9 +207,7 @@ async def run_stack(
         run.redis_url = stack_redis_url(layout, secrets, redis_url)
         cache_url = stack_redis_url(layout, secrets, redis_url, cache=True)
         run.specs = build_specs(layout, run.redis_url, envoy_command, secrets, cache_redis_url=cache_url)
-        busy = busy_ports(layout, run.specs)
-        if busy:
-            console.print(f"[red]ports in use[/]: {'; '.join(busy)} (choose others with --port-base)")
+        if not nothing_busy(run):
             return 1
         run.supervisor = supervise(run, policy, stop_timeout_s)
         if not await run.until_stopped(run.supervisor.start(start_timeout_s)):
@@ -230,6 +228,19 @@ async def run_stack(
         return 0
     finally:
         await shut_down(run)
+
+
+def nothing_busy(run: StackRun) -> bool:
+    """True when no port or socket of the stack is held by something else; otherwise False, naming them."""
+    busy = busy_ports(run.layout, run.specs)
+    if busy:
+        run.console.print(
+            f"[red]in use[/]: {'; '.join(busy)} (choose other ports with --port-base; a socket in use is a stack "
+            "running in this --log-dir)",
+            highlight=False,
+            soft_wrap=True,
+        )
+    return not busy
 
 
 def socket_dir_ready(layout: StackLayout, console: Console) -> bool:

@@ -128,3 +128,23 @@ def test_up_refuses_a_sockets_folder_that_is_not_its_users(tmp_path: Path) -> No
     assert not socket_dir_ready(t, console) and "not a folder of this user's" in console.export_text()
     os.unlink(t.socket_dir)
     assert socket_dir_ready(t, console) and t.socket_dir.is_dir()
+
+
+def test_a_socket_something_answers_on_is_busy_and_a_leftover_one_is_not(tmp_path: Path) -> None:
+    import socket
+
+    from services.cli.stack.specs import busy_ports
+
+    t = layout(tmp_path)
+    assert t.socket_dir is not None
+    ensure_socket_dir(t.socket_dir)
+    specs = build_specs(t, "redis://x:1", envoy_command=["envoy"])
+    feature = t.socket_dir / "feature.sock"
+    with socket.socket(socket.AF_UNIX) as leftover:  # a crashed run's file: nobody listens
+        leftover.bind(str(feature))
+    assert not [b for b in busy_ports(t, specs) if b.startswith("socket")]
+    feature.unlink()
+    with socket.socket(socket.AF_UNIX) as running:  # a stack running in this log dir
+        running.bind(str(feature))
+        running.listen()
+        assert [b for b in busy_ports(t, specs) if b.startswith("socket")] == [f"socket {feature}"]
