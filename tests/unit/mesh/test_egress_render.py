@@ -10,6 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from services.mesh.bootstrap import render, render_routes
+from services.mesh.egress import is_ip
 from services.mesh.errors import MeshConfigError
 from services.mesh.listeners import hcm_of
 from services.mesh.loader import load_istio
@@ -268,3 +269,11 @@ def test_conditions_the_ingress_cannot_check_are_refused(
     path = write_yaml("p.yaml", condition_policy(when))
     with pytest.raises(MeshConfigError, match=message):
         rbac([ISTIO, path])
+
+
+@pytest.mark.parametrize(
+    ("host", "ip"), [("127.0.0.1", True), ("::1", True), ("cloud.meshserve.example", False), ("localhost", False)]
+)
+def test_an_ip_is_told_from_a_host_name(host: str, ip: bool) -> None:
+    """A cloud ingress named by IP needs `tls_server_name` for TLS checks; one named by host is checked by name."""
+    assert is_ip(host) is ip
