@@ -195,6 +195,7 @@ class TraceStore:
         self._add_columns()
         self._estimate = self.span_total()
         self._counted_at = time.monotonic()
+        self._data_version = self._version()
 
     def close(self) -> None:
         self.db.close()
@@ -295,10 +296,13 @@ class TraceStore:
             cutoff = now_ns - int(self.max_age_s * 1e9)
             old = [t for (t,) in self.db.execute("SELECT trace_id FROM traces WHERE updated_ns < ?", (cutoff,))]
             evicted += self._delete(old)
-        if self._estimate > self.max_spans or time.monotonic() - self._counted_at > RECOUNT_S:
-            # The estimate counts this connection's inserts; other writers' are seen on a recount.
+        others_wrote = self._version() != self._data_version
+        if others_wrote or self._estimate > self.max_spans or time.monotonic() - self._counted_at > RECOUNT_S:
+            # The estimate counts this connection's inserts; another connection's commit (SQLite's data_version
+            # moves) means a recount.
             total = self.span_total()
             self._counted_at = time.monotonic()
+            self._data_version = self._version()
             if total > self.max_spans:
                 target = total - int(self.max_spans * LOW_WATERMARK)
                 victims: list[str] = []
@@ -313,6 +317,11 @@ class TraceStore:
                 evicted += self._delete(victims)
             self._estimate = self.span_total()
         return evicted
+
+    def _version(self) -> int:
+        """SQLite's data_version: it changes when another connection commits to the file."""
+        (version,) = self.db.execute("PRAGMA data_version").fetchone()
+        return int(version)
 
     def _delete(self, trace_ids: Sequence[str]) -> int:
         """Delete these traces' spans and rows (inside the caller's transaction)."""
