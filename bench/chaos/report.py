@@ -108,7 +108,9 @@ def phase_rows(run: Run) -> list[list[Any]]:
                 f.lost,
                 ms(f.p50_s),
                 ms(f.p99_s),
-                "-" if r.phase.kind == "quiet" else ("never" if r.recovery_s is None else round(r.recovery_s, 1)),
+                "-"
+                if r.phase.kind in ("quiet", "wipe")  # a wipe's marks last on purpose
+                else ("never" if r.recovery_s is None else round(r.recovery_s, 1)),
                 "-" if cpu is None else f"{cpu:.0%}",
                 ms(f.late_p99_s),
                 verdict(r),
@@ -331,7 +333,7 @@ def figures(run: Run) -> list[dict[str, Any]]:
             results.figure(f"{name}.lost", f.lost, "requests", "", cmd),
             results.figure(f"{name}.p99", None if f.p99_s is None else round(f.p99_s * 1000, 2), "ms", versus, cmd),
         ]
-        if r.phase.kind != "quiet":
+        if r.phase.kind not in ("quiet", "wipe"):
             out.append(results.figure(f"{name}.recovery", r.recovery_s, "s", versus, cmd))
     checks = [c for r in run.phases for c in r.checks]
     out.append(results.figure(f"{PREFIX}.targets_met", sum(c.ok for c in checks), f"of {len(checks)}", "", cmd))

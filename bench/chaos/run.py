@@ -4,11 +4,14 @@ targets (bench.chaos.phases).
 
 The sequence at each level (bench.chaos.script): quiet; SIGKILL a model replica; SIGSTOP another for 10 s; SIGKILL
 Valkey; SIGSTOP the feature service for 10 s; SIGKILL the cache service; SIGKILL a gateway; a new model version
-hot-loaded; the canary shifted 10 -> 50 -> 100% then rolled back; 3x capacity for 30 s. Each phase keeps the base load
-running long enough after its fault to see recovery. The ingress's adaptive concurrency limit, shipped off, is turned
-on through Envoy's admin runtime for each overload phase and off after it, so the run still measures it. The stack is
-`meshserve up` on free ports with its own log dir and a private copy of the model repository; the canary replica's
-pins are widened so the hot-loaded version is served (bench.chaos.stack).
+hot-loaded; the canary shifted 10 -> 50 -> 100% then rolled back; 3x capacity for 30 s; once, after every level, a
+FLUSHALL of Valkey. Each phase keeps the base load running long enough after its fault to see recovery. The Valkey
+phases check the feature store's state, not only the answers (bench.chaos.feature_state): Ingest load runs through the
+SIGKILL and every acknowledged event must be in the aggregates afterwards, equal to those read before the crash; after
+the FLUSHALL every row of the wiped entities must be marked features_store_reset. The ingress's adaptive concurrency
+limit, shipped off, is turned on through Envoy's admin runtime for each overload phase and off after it, so the run
+still measures it. The stack is `meshserve up` on free ports with its own log dir and a private copy of the model
+repository; the canary replica's pins are widened so the hot-loaded version is served (bench.chaos.stack).
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from bench.chaos.phases import (
     p99_bound_s,
     step_holds,
 )
-from bench.chaos.script import QUICK, SCRIPT, Context, Durations, Step
+from bench.chaos.script import FINAL, QUICK, SCRIPT, Context, Durations, Step
 from bench.chaos.stack import copy_models, ingress_channel, stack_arguments
 from bench.lib.local_stack import local_stack
 from bench.lib.serving import ROOT, ServerStartError
@@ -119,6 +122,7 @@ async def phase(ctx: Context, level: float, step: Step | None, d: Durations, run
     clock = Clock()
     start = load.now_s()
     name = "quiet" if step is None else step.name
+    ctx.phase_key = f"{level:.0%}/{name}"
     fault_start = fault_end = None
     done: list[str] = []
     if step is None:
@@ -194,6 +198,9 @@ async def chaos(
             for pid in list(ctx.stopped):  # never leave a process of the stack stopped
                 with contextlib.suppress(faults.FaultError):
                     faults.send(pid, signal.SIGCONT)
+            if ctx.store is not None:  # a feature-store check cut short: its writers stop
+                await ctx.store.run.finish()
+                await ctx.store.close()
             stop_load.set()
             load.set_rate(0)
             await runner
@@ -201,6 +208,10 @@ async def chaos(
     wall = time.perf_counter() - wall_start
     cpu = time.process_time() - cpu_start
     run.phases = assess_all(phases, load.samples, d.recovery_window, d.recovery_hold)
+    for result in run.phases:  # the feature store's state, checked by the steps that say so
+        verdict = ctx.verdicts.get(f"{result.phase.level:.0%}/{result.phase.name}")
+        if verdict is not None:
+            result.checks.extend(verdict[0].checks(wiped=verdict[1]))
     run.generator = generator_figures(load, args, cpu, wall)
 
 
@@ -233,6 +244,9 @@ async def levels(ctx: Context, cap: float, args: argparse.Namespace, d: Duration
         for step in SCRIPT:
             if not args.steps or step.name in args.steps:
                 phases.append(await sampled_phase(ctx, level, step, d, run))
+    for step in FINAL:  # once, at the last level: nothing may come after a store wiped on purpose
+        if not args.steps or step.name in args.steps:
+            phases.append(await sampled_phase(ctx, args.levels[-1], step, d, run))
     return phases
 
 
@@ -312,7 +326,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--steps",
         nargs="+",
-        choices=[s.name for s in SCRIPT],
+        choices=[s.name for s in [*SCRIPT, *FINAL]],
         metavar="STEP",
         help="run only these steps of each level, after its quiet phase, e.g. --steps 'overload 3x' (default: all)",
     )
