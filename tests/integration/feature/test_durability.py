@@ -207,3 +207,22 @@ async def test_a_full_store_refuses_ingest_loudly_and_keeps_serving_reads(tmp_pa
             counts = column(reply, "user_count_24h")
             assert counts[0] == pytest.approx(math.log1p(1)) and counts[1] == 0  # nothing of the refused one
         assert "is full (maxmemory, noeviction): Ingest refused" in service.log()
+
+
+async def test_a_store_that_cannot_confirm_writes_on_disk_is_said_once_and_not_a_failure(tmp_path: Path) -> None:
+    """A Redis without an append-only file answers WAITAOF with an error: Ingest still answers (unconfirmed) and
+    the log says so once, not once per Ingest."""
+    server = ValkeyServer(data_dir=tmp_path / "plain", config={"appendonly": "no"})
+    server.start()
+    try:
+        async with feature_process(tmp_path, server.connection_url) as service:
+            async with grpc.aio.insecure_channel(service.address) as channel:
+                stub = pb_grpc.FeatureServiceStub(channel)
+                for i in range(3):
+                    ingest = pb.IngestRequest(feature_set=SET, events=[to_row(event(i))])
+                    assert (await stub.Ingest(ingest, timeout=10)).ingested == 1
+                reply = await compute(stub, [fraud_row(user_id="w2")])
+            assert column(reply, "user_count_24h")[0] == pytest.approx(math.log1p(1))
+            assert service.log().count("cannot confirm writes on disk") == 1
+    finally:
+        server.stop()
