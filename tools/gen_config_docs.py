@@ -35,8 +35,8 @@ stale: run `.venv/bin/python tools/gen_config_docs.py`. -->
 Every setting of a process comes from its environment. Each service reads `MESHSERVE_<NAME>_*` through its
 settings class (a pydantic-settings `BaseSettings`), where every field carries the description below; the tables
 are generated from those classes, so they list every variable with its type and default. Shared variables:
-`MESHSERVE_REDIS_URL` (cache and feature), `MESHSERVE_TRACING_*` (every process) and the standard OpenTelemetry
-ones: `OTEL_EXPORTER_OTLP_ENDPOINT` (tracing is off without it), `OTEL_TRACES_SAMPLER` and
+`MESHSERVE_REDIS_URL` (cache and feature, each given its own Redis), `MESHSERVE_TRACING_*` (every process) and the
+standard OpenTelemetry ones: `OTEL_EXPORTER_OTLP_ENDPOINT` (tracing is off without it), `OTEL_TRACES_SAMPLER` and
 `OTEL_TRACES_SAMPLER_ARG` (head sampling only), `OTEL_SDK_DISABLED`.
 
 Values are read as pydantic-settings reads them: JSON for lists and dicts (`MESHSERVE_MODEL_MODELS='["fraud_mlp"]'`),

@@ -18,7 +18,8 @@ class CacheSettings(ServiceSettings):
     redis_url: str | None = Field(
         None,
         validation_alias=AliasChoices("MESHSERVE_REDIS_URL"),
-        description="Redis/Valkey URL (shared `MESHSERVE_REDIS_URL`); unset starts an embedded Valkey.",
+        description="The response cache's Redis/Valkey URL (`MESHSERVE_REDIS_URL`, no service prefix; the stack and "
+        "k8s/ give cache and feature a Redis each: this one may evict); unset starts an embedded Valkey.",
     )
     key_prefix: str = Field("meshserve:cache:", description="Prefix of every Redis key this service writes.")
     l1_max_bytes: int = Field(64 * 1024 * 1024, ge=0, description="In-process L1 byte budget (0 disables L1).")

@@ -1,4 +1,4 @@
-"""Settings of the feature service (`MESHSERVE_FEATURE_*`, plus the shared `MESHSERVE_REDIS_URL`)."""
+"""Settings of the feature service (`MESHSERVE_FEATURE_*`, plus `MESHSERVE_REDIS_URL`, its store's URL)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,9 @@ class FeatureSettings(ServiceSettings):
     redis_url: str | None = Field(
         None,
         validation_alias=AliasChoices("MESHSERVE_REDIS_URL"),
-        description="Redis/Valkey URL (shared `MESHSERVE_REDIS_URL`); unset starts an embedded Valkey.",
+        description="The feature store's Redis/Valkey URL (`MESHSERVE_REDIS_URL`, no service prefix; the stack and "
+        "k8s/ give feature and cache a Redis each: this one keeps an append-only file and never evicts); unset starts "
+        "an embedded Valkey.",
     )
     features_dir: Path = Field(ROOT / "features", description="Folder of feature set YAML files (`<name>_v<N>`).")
     key_prefix: str = Field("meshserve:feature:", description="Prefix of every Redis key this service writes.")
