@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from services.feature import converters
-from services.feature.domain import Features, FeatureMatrix
+from services.feature.domain import FeatureMatrix, Features
 from services.feature.featureset import load_feature_sets
 from services.feature.settings import ROOT
 from services.feature.store.generation import (
