@@ -28,6 +28,15 @@ Definitions (times in nanoseconds; a trace's spans may come from clocks of diffe
   overlap, and many equal durations make no trace slow). Per stage, the mean self time
   per trace of each group (a trace without the stage counts 0) and the difference, slow minus typical: the stages
   with the largest differences are where the slow traces' extra time went (`compare`).
+* **Across tiers** (spans read from several stores, each labelled with its tier, `records.TIER`): the stages of
+  spans of another tier than the home one are prefixed with it (`cloud:gateway.model`). A span whose child was
+  collected in another tier is the caller's end of the **WAN hop**: its stage is `wan`, its self time its duration
+  minus its other-tier children's durations (unclipped, so a clock offset between the tiers does not move it), and
+  so are the Envoy spans of its tier directly above it (the egress listener's server span over its upstream span,
+  where the emulated WAN delay is spent): their self times add up to the egress span's duration minus the other
+  tier's ingress span's. A home-tier `gateway.cloud` span (the edge gateway's call to the cloud) with no other-tier
+  span under it, nor shared from a batched call with one, is a call whose **cloud side is missing** (its store not
+  read, its spans not kept, or the call failed): it stays whole as `gateway.cloud` (`Trace.remote_missing`).
 * The **critical path** of a trace walks back from the end of the root: at each span the child that ended last
   (before the cursor) is on the path, the cursor moves to that child's start, and so on; the gaps are the
   span's own time. Each span on the path gets the time it was the critical one (the times add up to the root's
@@ -41,8 +50,8 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from services.traces.records import BATCH_INDEX, BATCH_MEMBERS, STATUS_ERROR, SpanRecord
-from services.traces.stages import stage_name
+from services.traces.records import BATCH_INDEX, BATCH_MEMBERS, STATUS_ERROR, TIER, SpanRecord
+from services.traces.stages import CLOUD_CALL, WAN, is_envoy, is_remote, stage_name, tiered
 
 
 @dataclass(eq=False)
@@ -101,6 +110,11 @@ class Trace:
             yield node, depth
             stack.extend((c, depth + 1) for c in reversed(node.children))
 
+    @property
+    def remote_missing(self) -> int:
+        """How many of its calls to the cloud tier have no span of the cloud side (see the module docstring)."""
+        return sum(1 for n in self.nodes if n.stage == CLOUD_CALL and not _reaches_remote(n))
+
     def stage_self_ns(self) -> dict[str, int]:
         """Self time per stage in this trace, a member span's shared part under the batch subtree's stages."""
         out: dict[str, int] = defaultdict(int)
@@ -135,19 +149,26 @@ def self_time_ns(span: SpanRecord, children: Sequence[SpanRecord]) -> int:
     return max(0, span.duration_ns - covered)
 
 
-def assemble(spans: Iterable[SpanRecord]) -> list[Trace]:
+def span_tier(span: SpanRecord) -> str | None:
+    """The tier the span was collected in, when its store was read as one of several (`records.TIER`)."""
+    tier = span.attributes.get(TIER)
+    return tier if isinstance(tier, str) and tier else None
+
+
+def assemble(spans: Iterable[SpanRecord], home: str | None = None) -> list[Trace]:
     """Trace trees from spans in any order (duplicates ignored, missing parents make extra roots), by start, with
-    the batched calls among them attributed to their members in the other traces (`attribute_batches`)."""
+    the batched calls among them attributed to their members in the other traces (`attribute_batches`). Spans of
+    another tier than `home` get their stages prefixed, and the hops between tiers are `wan` (module docstring)."""
     by_trace: dict[str, dict[str, Node]] = defaultdict(dict)
     for span in spans:
         if not span.trace_id:
             continue
-        by_trace[span.trace_id].setdefault(
-            span.span_id, Node(span, stage_name(span.service, span.name, span.kind, span.attributes))
-        )
+        stage = tiered(stage_name(span.service, span.name, span.kind, span.attributes), span_tier(span), home)
+        by_trace[span.trace_id].setdefault(span.span_id, Node(span, stage))
     traces: list[Trace] = []
     for trace_id, nodes in by_trace.items():
         roots: list[Node] = []
+        parents: dict[int, Node] = {}
         for node in nodes.values():
             parent_id = node.span.parent_span_id
             parent = nodes.get(parent_id) if parent_id and parent_id != node.span.span_id else None
@@ -156,15 +177,58 @@ def assemble(spans: Iterable[SpanRecord]) -> list[Trace]:
                 roots.append(node)
             else:
                 parent.children.append(node)
+                parents[id(node)] = parent
         ordered = list(nodes.values())
         for node in ordered:
             node.children.sort(key=lambda n: (n.span.start_ns, n.span.span_id))
             node.self_ns = self_time_ns(node.span, [c.span for c in node.children])
+        mark_wan(ordered, parents)
         roots.sort(key=lambda n: (n.orphan, n.span.start_ns, n.span.span_id))
         traces.append(Trace(trace_id, roots, ordered))
     traces.sort(key=lambda t: (t.start_ns, t.trace_id))
     attribute_batches(traces)
     return traces
+
+
+def mark_wan(nodes: Iterable[Node], parents: dict[int, Node]) -> int:
+    """Make each span with a child of another tier, and the Envoy spans of its tier directly above it, the stage
+    `wan`, the caller's self time its duration minus its other-tier children's (module docstring); returns how many
+    hops it found."""
+    hops = 0
+    for node in nodes:
+        tier = span_tier(node.span)
+        remote = [c for c in node.children if tier is not None and span_tier(c.span) not in (None, tier)]
+        if not remote:
+            continue
+        hops += 1
+        local = [c for c in node.children if c not in remote]
+        covered = union_ns(((c.span.start_ns, c.span.end_ns) for c in local), node.span.start_ns, node.span.end_ns)
+        lo, hi = min(c.span.start_ns for c in remote), max(c.span.end_ns for c in remote)
+        covered += union_ns(((c.span.start_ns, c.span.end_ns) for c in remote), lo, hi)
+        node.self_ns = max(0, node.span.duration_ns - covered)
+        node.stage = WAN
+        above = parents.get(id(node))
+        while above is not None and span_tier(above.span) == tier and _is_envoy(above):
+            above.stage = WAN
+            above = parents.get(id(above))
+    return hops
+
+
+def _is_envoy(node: Node) -> bool:
+    return is_envoy(node.span.service, node.span.attributes)
+
+
+def _reaches_remote(node: Node) -> bool:
+    """Whether a span of another tier (or a WAN hop) is under the node, or in a batched call it was part of."""
+    if any(is_remote(stage) for stage in node.shared):
+        return True
+    stack = list(node.children)
+    while stack:
+        n = stack.pop()
+        if is_remote(n.stage):
+            return True
+        stack.extend(n.children)
+    return False
 
 
 def is_batch(span: SpanRecord) -> bool:
@@ -333,6 +397,23 @@ class Breakdown:
     @property
     def hotspot(self) -> StageStats | None:
         return self.stages[0] if self.stages else None
+
+    @property
+    def remote_missing(self) -> int:
+        """How many of the traces call the cloud tier without its side collected (`Trace.remote_missing`)."""
+        return sum(1 for t in self.traces if t.remote_missing)
+
+
+def missing_line(missing: int, traces: int | None = None) -> str | None:
+    """What a report says when `missing` of `traces` traces call the cloud tier without its spans (`traces` None: of
+    one trace, its calls); None if none."""
+    if not missing:
+        return None
+    where = "" if traces is None else f" in {missing} of {traces} traces"
+    return (
+        f"cloud side missing{where}: {CLOUD_CALL} is the whole call, no {WAN} stage "
+        "(the cloud's trace store not read, its spans not kept, or the call failed)"
+    )
 
 
 def breakdown(traces: Sequence[Trace], slowest: int = 3) -> Breakdown:

@@ -1,5 +1,6 @@
 """`meshserve traces`: the typer sub-app (list, show, hotspots, ui) over the local trace store, reading it through the
-queries the UI's JSON API uses (`services.traces.query`); importing it is inert."""
+queries the UI's JSON API uses (`services.traces.query`); over a two-tier stack's stores as one (list, show,
+hotspots: `services.traces.tiered`); importing it is inert."""
 
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ from rich.console import Console
 
 from services.cli.stack.state import default_log_dir, read_state
 from services.traces import query
-from services.traces.analysis import hotspot_line
+from services.traces.analysis import hotspot_line, missing_line
 from services.traces.store import TraceFilter, TraceStore
+from services.traces.tiered import Stores, TieredStores
 
 app = typer.Typer(
     name="traces",
@@ -28,6 +30,18 @@ app = typer.Typer(
 DEFAULT_DB = default_log_dir() / "traces.sqlite"  # where `meshserve up` keeps it by default, from any folder
 Db = Annotated[
     Path, typer.Option("--db", help="The trace store's SQLite file (`meshserve up --log-dir`'s traces.sqlite).")
+]
+Dbs = Annotated[
+    list[Path] | None,
+    typer.Option(
+        "--db",
+        help="A trace store's SQLite file; several (--db A --db B) are read as one, each the tier its folder names, "
+        "the first the home tier (default: the stack of --log-dir, both tiers' stores for a two-tier stack).",
+    ),
+]
+LogDir = Annotated[
+    Path | None,
+    typer.Option("--log-dir", help="The stack's log dir (`meshserve up --log-dir`; default: the default log dir)."),
 ]
 Pipeline = Annotated[str | None, typer.Option("--pipeline", help="Only this pipeline's traces.")]
 Status = Annotated[str | None, typer.Option("--status", help="ok or error.")]
@@ -88,15 +102,58 @@ def _missing(db: Path) -> None:
     raise typer.Exit(1)
 
 
-def _open(db: Path) -> TraceStore:
-    if not db.exists():
-        _missing(db)
-    return TraceStore(db)
+def tier_stores(log_dir: Path) -> list[tuple[str, Path]] | None:
+    """(tier, store file) of the two-tier stack whose stack.json is in `log_dir`, the tier clients call first; None
+    when no such stack runs there."""
+    state = read_state(log_dir)
+    tiers = state.get("tiers") if state is not None else None
+    if not isinstance(tiers, dict) or not tiers:
+        return None
+    entry = str(state.get("secrets_dir") or state.get("mesh_dir") or "") if state is not None else ""
+    stores = [(str(name), Path(folder) / "traces.sqlite") for name, folder in tiers.items()]
+    stores.sort(key=lambda ts: not entry.startswith(str(ts[1].parent) + "/"))
+    return stores
+
+
+def stores_of(dbs: list[Path] | None, log_dir: Path | None) -> list[tuple[str, Path]]:
+    """What to read: the `--db` files (several: each the tier its folder names, made unique), or the stack of
+    `log_dir` (its tiers' stores, or its one store)."""
+    if dbs:
+        if len(dbs) == 1:
+            return [("", dbs[0])]
+        out: list[tuple[str, Path]] = []
+        for i, db in enumerate(dbs):
+            name = db.resolve().parent.name or f"store{i + 1}"
+            out.append((name if name not in {t for t, _ in out} else f"{name}{i + 1}", db))
+        return out
+    folder = log_dir if log_dir is not None else default_log_dir()
+    return tier_stores(folder) or [("", folder / "traces.sqlite")]
+
+
+def _open(db: Path | list[tuple[str, Path]]) -> Stores:
+    """One store, or several as one; exits 1 when the first is missing, leaves out (and says) any other missing."""
+    stores = [("", db)] if isinstance(db, Path) else db
+    if not stores[0][1].exists():
+        _missing(stores[0][1])
+    if len(stores) == 1:
+        return TraceStore(stores[0][1])
+    for tier, path in stores[1:]:
+        if not path.exists():
+            Console(stderr=True).print(f"no {tier} trace store at {path}: read without it", markup=False)
+    return TieredStores([(tier, path) for tier, path in stores if path.exists()])
+
+
+def described(stores: list[tuple[str, Path]]) -> str:
+    """The stores read, for messages: a file, or `edge (A), cloud (B)`."""
+    if len(stores) == 1:
+        return str(stores[0][1])
+    return ", ".join(f"{tier} ({path})" for tier, path in stores)
 
 
 @app.command("list")
 def list_(
-    db: Db = DEFAULT_DB,
+    db: Dbs = None,
+    log_dir: LogDir = None,
     limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="How many traces.")] = 20,
     pipeline: Pipeline = None,
     status: Status = None,
@@ -113,11 +170,12 @@ def list_(
     what = search_filter(
         pipeline, status, degraded, trigger, min_ms, max_ms, since, limit, "slowest" if slowest else "recent"
     )
-    with _open(db) as store:
+    stores = stores_of(db, log_dir)
+    with _open(stores) as store:
         found = query.search(store, what)
     console = _console()
     if not found:
-        console.print(f"no traces in {db} match", highlight=False, markup=False)
+        console.print(f"no traces in {described(stores)} match", highlight=False, markup=False)
         return
     console.print(trace_list([(s.row, s.trace) for s in found]))
 
@@ -125,13 +183,15 @@ def list_(
 @app.command()
 def show(
     trace_id: Annotated[str, typer.Argument(help="Trace id, or a unique prefix of one.")],
-    db: Db = DEFAULT_DB,
+    db: Dbs = None,
+    log_dir: LogDir = None,
 ) -> None:
     """A trace as a waterfall: the indented span tree with service, total and self time, bars to scale; then the
-    links: a batched call's members, and for a member span the batched call it was part of."""
+    links: a batched call's members, and for a member span the batched call it was part of. On a two-tier stack,
+    the spans of both tiers' stores, the hop between them as the stage `wan`."""
     from services.traces.render import link_lines, waterfall
 
-    with _open(db) as store:
+    with _open(stores_of(db, log_dir)) as store:
         matches = query.find(store, trace_id)
         if len(matches) != 1:
             Console(stderr=True).print(
@@ -151,11 +211,15 @@ def show(
         console.print("links:", highlight=False)
         for line in lines:
             console.print(line, highlight=False, soft_wrap=True)
+    missing = missing_line(found.trace.remote_missing)
+    if missing is not None:
+        console.print(missing, highlight=False, markup=False, soft_wrap=True)
 
 
 @app.command()
 def hotspots(
-    db: Db = DEFAULT_DB,
+    db: Dbs = None,
+    log_dir: LogDir = None,
     last: Annotated[
         int | None,
         typer.Option(
@@ -177,18 +241,22 @@ def hotspots(
     max_ms: MaxMs = None,
 ) -> None:
     """Per-stage self time p50/p99 and share, critical paths of the slowest traces, and the hotspot line (over the
-    traces the filters keep: `--min-ms 40` reads the slow ones alone)."""
+    traces the filters keep: `--min-ms 40` reads the slow ones alone). On a two-tier stack, both tiers' stores as
+    one: the other tier's stages prefixed with it (`cloud:gateway.model`), the hop between them the stage `wan`."""
     from services.traces.render import critical_paths, stage_table
 
     if last is None:
         last = query.ANALYSED if since is None else query.MAX_ANALYSED
     what = search_filter(pipeline, status, degraded, trigger, min_ms, max_ms, since, last)
-    with _open(db) as store:
+    stores = stores_of(db, log_dir)
+    with _open(stores) as store:
         result = query.hotspots(store, what, slowest)
         matching = store.count(what)
     console = _console()
     if not result.traces:
-        console.print(f"no traces in {db}" + (f" in the last {since}" if since else ""), highlight=False, markup=False)
+        where = described(stores)
+        window = f" in the last {since}" if since else ""
+        console.print(f"no traces in {where}{window}", highlight=False, markup=False)
         raise typer.Exit(1)
     console.print(stage_table(result))
     console.print(considered(len(result.traces), matching, last), highlight=False, markup=False)
@@ -202,6 +270,9 @@ def hotspots(
         html.parent.mkdir(parents=True, exist_ok=True)
         html.write_text(report(result), encoding="utf-8")
         console.print(f"wrote {html}", highlight=False, markup=False)
+    missing = missing_line(result.remote_missing, len(result.traces))
+    if missing is not None:
+        console.print(missing, highlight=False, markup=False, soft_wrap=True)
     console.print(hotspot_line(result), highlight=False, markup=False)
 
 

@@ -1,6 +1,7 @@
 """The trace store's queries, shared by the JSON API (`services.traces.web_api`) and `meshserve traces` (one source of
 truth): a search of the trace summaries, one trace with the spans that link to it, and the hotspot and
-slow-against-typical analyses over a search's traces."""
+slow-against-typical analyses over a search's traces; over one store, or several tiers' as one
+(`services.traces.tiered`)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from dataclasses import dataclass, replace
 
 from services.traces.analysis import Breakdown, Comparison, PathStep, Trace, assemble, breakdown, compare, critical_path
 from services.traces.records import SpanRecord
-from services.traces.store import TraceFilter, TraceRow, TraceStore
+from services.traces.store import TraceFilter, TraceRow
+from services.traces.tiered import Stores, home_tier
 
 UNITS = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
@@ -44,27 +46,27 @@ class TraceDetail:
     path: list[PathStep]
 
 
-def with_batches(store: TraceStore, trace_ids: set[str]) -> dict[str, Trace]:
+def with_batches(store: Stores, trace_ids: set[str]) -> dict[str, Trace]:
     """These traces assembled together with the traces of the batched calls that link to their spans, so that their
     member spans get their share of those calls (`analysis.attribute_batches`)."""
     batch_traces = {s.trace_id for s in store.linking_spans(trace_ids)} - trace_ids
-    traces = assemble(store.spans(trace_ids) + store.spans(batch_traces))
+    traces = assemble(store.spans(trace_ids) + store.spans(batch_traces), home_tier(store))
     return {t.trace_id: t for t in traces if t.trace_id in trace_ids}
 
 
-def search(store: TraceStore, what: TraceFilter) -> list[TraceSummary]:
+def search(store: Stores, what: TraceFilter) -> list[TraceSummary]:
     """The summaries `what` keeps, in its order, each with its trace assembled."""
     rows = store.search(what)
-    traces = {t.trace_id: t for t in assemble(store.spans(r.trace_id for r in rows))}
+    traces = {t.trace_id: t for t in assemble(store.spans(r.trace_id for r in rows), home_tier(store))}
     return [TraceSummary(row, traces.get(row.trace_id)) for row in rows]
 
 
-def find(store: TraceStore, prefix: str) -> list[str]:
+def find(store: Stores, prefix: str) -> list[str]:
     """Trace ids starting with `prefix` (any case; at most 10)."""
     return store.find_traces(prefix)
 
 
-def detail(store: TraceStore, trace_id: str) -> TraceDetail | None:
+def detail(store: Stores, trace_id: str) -> TraceDetail | None:
     """One trace by its full id; None when it is not (or no longer) in the store."""
     trace_id = trace_id.strip().lower()
     row = store.trace_row(trace_id)
@@ -74,7 +76,7 @@ def detail(store: TraceStore, trace_id: str) -> TraceDetail | None:
     return TraceDetail(row, trace, store.linking_spans([trace_id]), critical_path(trace))
 
 
-def analysed(store: TraceStore, what: TraceFilter) -> list[Trace]:
+def analysed(store: Stores, what: TraceFilter) -> list[Trace]:
     """The traces an analysis reads: what `what` keeps (at most its limit, else ANALYSED, never past MAX_ANALYSED),
     assembled with the batched calls linking to them, oldest first."""
     limit = min(MAX_ANALYSED, what.limit if what.limit is not None else ANALYSED)
@@ -82,12 +84,12 @@ def analysed(store: TraceStore, what: TraceFilter) -> list[Trace]:
     return sorted(with_batches(store, wanted).values(), key=lambda t: (t.start_ns, t.trace_id))
 
 
-def hotspots(store: TraceStore, what: TraceFilter, slowest: int = 3) -> Breakdown:
+def hotspots(store: Stores, what: TraceFilter, slowest: int = 3) -> Breakdown:
     """Stage self-time shares (overall and over the p99-slowest) of the search's traces, and the critical paths of
     the `slowest` of them."""
     return breakdown(analysed(store, what), slowest)
 
 
-def comparison(store: TraceStore, what: TraceFilter, slow_q: float = 90.0) -> Comparison:
+def comparison(store: Stores, what: TraceFilter, slow_q: float = 90.0) -> Comparison:
     """The search's slow traces (at or above its `slow_q` percentile) against its typical ones, by stage."""
     return compare(analysed(store, what), slow_q)

@@ -12,6 +12,8 @@ STATUS_UNSET, STATUS_OK, STATUS_ERROR = 0, 1, 2
 # The gateway's batched downstream call (`<stage span>.batch`) carries BATCH_MEMBERS and BATCH_ROWS, and one link
 # per member request, to that member's stage span, with BATCH_INDEX (its place in the batch).
 BATCH_MEMBERS, BATCH_ROWS, BATCH_INDEX = "batch.members", "batch.rows", "batch.index"
+# The tier a span was collected in, set on reading when several stores are read as one (`services.traces.tiered`).
+TIER = "meshserve.tier"
 
 
 @dataclass(frozen=True, slots=True)

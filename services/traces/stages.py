@@ -2,8 +2,8 @@
 
 Rules, in order (the service is the resource's service.name):
 
-1. Envoy spans (service name containing `envoy`, ending in `-ingress` or `-sidecar`, or `istio-proxy`; or a span
-   with attribute `component=proxy`) become `envoy.<where>`, and `envoy.<where>.upstream` for CLIENT spans
+1. Envoy spans (service name containing `envoy`, ending in `-ingress`, `-egress` or `-sidecar`, or `istio-proxy`;
+   or a span with attribute `component=proxy`) become `envoy.<where>`, and `envoy.<where>.upstream` for CLIENT spans
    (Envoy's upstream span), where `<where>` is the service name without `envoy`, `meshserve`, `istio-proxy`,
    `sidecar` parts: `meshserve-ingress` / `envoy-ingress` -> `envoy.ingress`, `model-sidecar` -> `envoy.model`,
    plain `envoy` -> `envoy` (`envoy.upstream`).
@@ -23,6 +23,11 @@ request should not pay, and `gateway.features.batch` is the gateway's side of th
 request, the gRPC client, outside Envoy's span), which every member is attributed (`services.traces.analysis`).
 Likewise the gateway's `park` span (a request waiting for a model with no serving replica, a child of its `model`
 span) is the stage `gateway.park`, so time spent waiting for a cold start is never read as the model's.
+
+Across tiers (several stores read as one, each span carrying the tier it was collected in, `records.TIER`): a span
+of a tier other than the home one (the tier the requests enter, the first store read) has its stage prefixed with
+the tier, `cloud:gateway.model`; the edge gateway's call to the cloud is `gateway.cloud` (its batched call
+`gateway.cloud.batch`), and the hop between the tiers is the stage `wan` (`services.traces.analysis`).
 """
 
 from __future__ import annotations
@@ -36,12 +41,14 @@ from services.traces.records import KIND_CLIENT, KIND_SERVER
 GRPC_METHOD = re.compile(r"^/?[A-Za-z_][\w]*(\.[A-Za-z_]\w*)+/[A-Za-z_]\w*$")
 SUFFIX = re.compile(r"-(v?\d+)$")
 ENVOY_WORDS = {"envoy", "meshserve", "istio", "proxy", "sidecar"}
+WAN = "wan"  # the hop from one tier to another (`services.traces.analysis`)
+CLOUD_CALL = "gateway.cloud"  # the edge gateway's call to the cloud tier, whole when the cloud's spans are missing
 
 
 def is_envoy(service: str, attributes: Mapping[str, Any] | None = None) -> bool:
     """Whether the span comes from an Envoy proxy (by its service name, or Envoy's `component=proxy` tag)."""
     s = service.lower()
-    if "envoy" in s or s.endswith(("-ingress", "-sidecar")) or s == "istio-proxy":
+    if "envoy" in s or s.endswith(("-ingress", "-egress", "-sidecar")) or s == "istio-proxy":
         return True
     return attributes is not None and attributes.get("component") == "proxy"
 
@@ -72,3 +79,13 @@ def stage_name(service: str, name: str, kind: int, attributes: Mapping[str, Any]
     if name.startswith(f"{svc}."):
         return name
     return f"{svc}.{name}"
+
+
+def tiered(stage: str, tier: str | None, home: str | None) -> str:
+    """The stage of a span of `tier` read with `home` as the home tier: prefixed `<tier>:` unless it is home."""
+    return f"{tier}:{stage}" if tier and home and tier != home else stage
+
+
+def is_remote(stage: str) -> bool:
+    """Whether the stage is the WAN hop or a stage of another tier than the home one."""
+    return stage == WAN or ":" in stage

@@ -13,7 +13,8 @@ from services.traces import query
 from services.traces.analysis import Breakdown, Comparison, Node, PathStep, Trace, breakdown, compare, is_batch, members
 from services.traces.marks import TRIGGERS, code_name
 from services.traces.records import BATCH_INDEX, KIND_NAMES, STATUS_ERROR, SpanRecord
-from services.traces.store import TraceFilter, TraceRow, TraceStore
+from services.traces.store import TraceFilter, TraceRow
+from services.traces.tiered import Stores
 
 MAX_LIMIT = 1000  # most summaries one search answers
 DEFAULT_LIMIT = 50
@@ -122,14 +123,14 @@ def _row(row: TraceRow, trace: Trace | None) -> dict[str, Any]:
     }
 
 
-def traces(store: TraceStore, params: Mapping[str, str]) -> dict[str, Any]:
+def traces(store: Stores, params: Mapping[str, str]) -> dict[str, Any]:
     """`GET /api/traces`: the search's summaries and how many traces it matches in all."""
     what = parse_filter(params, default_limit=DEFAULT_LIMIT)
     found = query.search(store, what)
     return {"total": store.count(what), "traces": [_row(s.row, s.trace) for s in found]}
 
 
-def facets(store: TraceStore) -> dict[str, Any]:
+def facets(store: Stores) -> dict[str, Any]:
     """`GET /api/facets`: the values the search form offers (known triggers always, with those seen)."""
     seen = store.facets()
     return {**seen, "triggers": sorted({*TRIGGERS, *seen["triggers"]}), "traces": store.trace_count()}
@@ -186,7 +187,7 @@ def _path(steps: list[PathStep]) -> list[dict[str, Any]]:
     ]
 
 
-def trace(store: TraceStore, trace_id: str) -> dict[str, Any] | None:
+def trace(store: Stores, trace_id: str) -> dict[str, Any] | None:
     """`GET /api/traces/<id>`: the waterfall (spans depth first, with attributes, events, links both ways), self
     time by stage (largest first; member spans' shares of batched calls under those calls' stages) and the critical
     path; None when the trace is not in the store."""
@@ -206,6 +207,7 @@ def trace(store: TraceStore, trace_id: str) -> dict[str, Any] | None:
     return {
         **_row(found.row, t),
         "largest_self_span": largest.span.span_id,
+        "remote_missing": t.remote_missing,
         "stages": [{"stage": stage, "self_ms": _ms(ns)} for stage, ns in stages],
         "critical_path": _path(found.path),
         "spans": spans,
@@ -220,6 +222,7 @@ def hotspots_json(result: Breakdown) -> dict[str, Any]:
         "e2e_p50_ms": _ms(result.e2e_p50_ns),
         "e2e_p99_ms": _ms(result.e2e_p99_ns),
         "p99_traces": len(result.p99_traces),
+        "remote_missing": result.remote_missing,
         "hotspot": None if top is None else {"stage": top.stage, "p99_share": top.p99_share},
         "stages": [
             {
@@ -271,7 +274,7 @@ def _whole(params: Mapping[str, str], name: str, default: int, most: int) -> int
     return int(value)
 
 
-def analysis(store: TraceStore, params: Mapping[str, str]) -> dict[str, Any]:
+def analysis(store: Stores, params: Mapping[str, str]) -> dict[str, Any]:
     """`GET /api/hotspots`: over the search's traces (by default its 500 most recent matches; `limit` up to
     query.MAX_ANALYSED), the breakdown with the `slowest` critical paths (default 5) and the slow-against-typical
     comparison (slow from the `slow_q` percentile, default 90)."""

@@ -233,6 +233,7 @@ def test_ui_opens_the_running_stacks_ui_with_its_token(db: Path, monkeypatch: py
     token = secrets.renew_ui_token()
     url = "http://127.0.0.1:18091/"
     (db.parent / "stack.json").write_text(json.dumps({"traces_ui": url, "secrets_dir": str(secrets.dir)}))
+
     def serve_forever(self: web.TraceUI) -> None:
         raise RuntimeError("served a UI of its own")
 
