@@ -68,6 +68,16 @@ class Tiers:
         return self.output.read_text(errors="replace")
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """This folder's trace tests (test_traces*.py) before its other tests, in place: those kill tiers and the last
+    stops both (`meshserve down`)."""
+    here = Path(__file__).parent
+    mine = [i for i, item in enumerate(items) if item.path.parent == here]
+    ordered = sorted((items[i] for i in mine), key=lambda item: not item.path.name.startswith("test_traces"))
+    for i, item in zip(mine, ordered, strict=True):
+        items[i] = item
+
+
 def sample(text: str, name: str, **labels: str) -> float:
     """The sum of the samples of `name` whose labels include `labels`, in a Prometheus text exposition."""
     total = 0.0
