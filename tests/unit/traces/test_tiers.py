@@ -12,7 +12,7 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from services.traces import query
+from services.traces import query, web_api
 from services.traces.analysis import Trace
 from services.traces.cli import app
 from services.traces.records import (
@@ -25,6 +25,7 @@ from services.traces.records import (
     SpanLink,
     SpanRecord,
 )
+from services.traces.stages import stage_name
 from services.traces.store import TraceFilter, TraceStore
 from services.traces.tiered import TieredStores
 from tests.unit.traces.synthetic import MS, span
@@ -156,6 +157,7 @@ def test_without_the_cloud_store_the_cloud_call_stays_whole_and_is_said_missing(
     out = runner.invoke(app, ["hotspots", "--db", str(paths[0][1])])
     assert out.exit_code == 0, out.output
     assert "cloud side missing in 1 of 1 traces" in out.output
+    assert web_api.hotspots_json(result)["remote_missing"] == 1  # the UI's report says it too
     shown = runner.invoke(app, ["show", TRACE, "--db", str(paths[0][1])])
     assert shown.exit_code == 0 and "cloud side missing: gateway.cloud is the whole call" in shown.output, shown.output
 
@@ -209,3 +211,8 @@ def test_hotspots_and_show_read_both_tiers_from_a_two_tier_stack_json(tmp_path: 
     assert "wan" in shown.output and "cloud:model.rpc" in shown.output and "missing" not in shown.output
     by_db = runner.invoke(app, ["hotspots", "--db", str(paths[0][1]), "--db", str(paths[1][1])])
     assert by_db.exit_code == 0 and "hotspot: wan (68% of p99)" in by_db.output, by_db.output
+
+
+def test_the_egress_envoy_is_an_envoy_stage_even_without_its_proxy_tag() -> None:
+    assert stage_name("meshserve-egress", "ingress", KIND_SERVER) == "envoy.egress"
+    assert stage_name("meshserve-egress", "router cloud egress", KIND_CLIENT) == "envoy.egress.upstream"
