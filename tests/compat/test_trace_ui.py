@@ -285,8 +285,12 @@ def marked_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
 @pytest.fixture()
 def marked_ui(marked_server: Any, browser: Any) -> str:
-    """The marked UI's address, the test's browser already let in by its login URL (the cookie)."""
+    """The marked UI's address, the test's browser already let in by its login URL (the cookie), and the page that
+    URL leads to rendered (else a test's first navigation could take that render for its own)."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
     browser.get(marked_server.login_url)
+    WebDriverWait(browser, 20).until(lambda d: d.execute_script("return document.body.dataset.ready || ''"))
     return str(marked_server.url)
 
 
