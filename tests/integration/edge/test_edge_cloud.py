@@ -38,7 +38,7 @@ pytestmark = pytest.mark.skipif(
 
 SENSITIVE = ("user_id", "merchant_id", "device_id")  # pipelines/fraud.yaml's sensitive inputs
 ROWS_PER_REQUEST = 64  # the fraud pipeline's max_batch_size
-SENSITIVE_ROWS = 10_000  # in ceil(10,000 / 64) = 157 requests of 64 rows
+SENSITIVE_REQUESTS = 10_000  # each one row: each classified on its own (concurrent ones share the edge's batches)
 ANSWERS = "meshserve_gateway_tier_answers_total"
 CLOUD_BYTES = "meshserve_gateway_cloud_bytes_total"
 EDGE_ONLY = "meshserve_gateway_edge_only_total"
@@ -199,18 +199,15 @@ def test_status_shows_both_tiers_healthy(tiers: Tiers) -> None:
     assert "model-v2-a" in edge and "model-v1-a" not in edge
 
 
-async def test_ten_thousand_sensitive_rows_never_reach_the_cloud(tiers: Tiers) -> None:
+async def test_ten_thousand_sensitive_requests_never_reach_the_cloud(tiers: Tiers) -> None:
     endpoint = tiers.endpoint()
     specs = await fraud_specs(endpoint)
     canary = f"canary-{uuid.uuid4()}"
-    requests = [
-        build_request("fraud", rows_to_arrays(rows(min(ROWS_PER_REQUEST, SENSITIVE_ROWS - i), i, canary), specs))
-        for i in range(0, SENSITIVE_ROWS, ROWS_PER_REQUEST)
-    ]
+    requests = [build_request("fraud", rows_to_arrays(rows(1, i, canary), specs)) for i in range(SENSITIVE_REQUESTS)]
     before = (cloud_requests(tiers), edge_sent_bytes(tiers))
-    out = await send(endpoint, requests)
+    out = await send(endpoint, requests, concurrency=16)
     assert not out.failed, out.failed
-    assert len(out.answered) == len(requests) == 157
+    assert len(out.answered) == len(requests) == SENSITIVE_REQUESTS
     assert Counter(a.get("meshserve_tier") for a in out.answered) == {"edge": len(requests)}
     await asyncio.sleep(2.0)  # spans exported (every 0.5 s), logs flushed, anything on its way arrived
     assert (cloud_requests(tiers), edge_sent_bytes(tiers)) == before  # the cloud gateway saw nothing; none sent
@@ -258,7 +255,7 @@ async def test_with_the_edge_model_killed_mid_run_sensitive_requests_fail_closed
             killed.append(model_pid)
 
     total = Outcomes()
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 120  # the supervisor restarts the model; a loaded machine makes that slow
     while True:  # until answers fail closed while the model is down and it answers again once restarted
         batch = [build_request("fraud", rows_to_arrays(rows(ROWS_PER_REQUEST, start + i, canary), specs)) for i in
                  range(0, 40 * ROWS_PER_REQUEST, ROWS_PER_REQUEST)]  # fmt: skip
