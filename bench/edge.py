@@ -25,7 +25,7 @@ from bench.lib.edge_load import LoopRun, closed_loop, stream
 from bench.lib.fraud_load import gateway_metric_samples
 from bench.lib.local_stack import RunningStack, local_stack
 from bench.lib.serving import ROOT
-from services.cli.stack.tiers import EDGE_CLOUD_FILE, wan_delay_ms
+from services.cli.stack.tiers.layout import EDGE_CLOUD_FILE, wan_delay_ms
 
 CLOUD_BYTES = "meshserve_gateway_cloud_bytes_total"
 POLICIES = {"derived_features": "fraud", "request": "fraud_request"}  # leave_edge -> the pipeline that says it

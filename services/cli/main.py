@@ -147,7 +147,7 @@ def up(
     (services/cli/stack/demo_topology.yaml). The ingress speaks TLS with a certificate of the stack's own CA and wants
     a token (`meshserve token`); the secrets live in <log-dir>/secrets, made at the first `up` and kept.
     """
-    from services.cli.stack.tiers import tier_topology_file
+    from services.cli.stack.tiers.layout import tier_topology_file
     from services.cli.stack.up import run_stack
     from services.mesh import MeshConfigError
 
@@ -202,10 +202,10 @@ def _up_tiers(
     demo: float,
     options: dict[str, Any],
 ) -> None:
-    """`up` with a two-tier topology (services/cli/stack/tiers.py): the cloud and the edge stack, each in its own
+    """`up` with a two-tier topology (services/cli/stack/tiers/layout.py): the cloud and the edge stack, each in its own
     state dir under `log_dir`; exits with their run's code (2 on a bad topology, clashing ports, a bad mesh)."""
-    from services.cli.stack.tiers import EdgeCloudTopology, tier_layouts
-    from services.cli.stack.tiers_up import run_tiers
+    from services.cli.stack.tiers.layout import EdgeCloudTopology, tier_layouts
+    from services.cli.stack.tiers.up import run_tiers
     from services.cli.stack.topology import TopologyFileError
     from services.mesh import MeshConfigError
 
@@ -394,7 +394,7 @@ def down(
 ) -> None:
     """Stop the local stack running in --log-dir (both tiers of `up --topology edge_cloud`): SIGTERM to its
     `meshserve up`, then wait until every process has stopped."""
-    from services.cli.stack.tiers_up import stop_running
+    from services.cli.stack.tiers.up import stop_running
 
     try:
         console.print(stop_running(log_dir, timeout), highlight=False)

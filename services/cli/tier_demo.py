@@ -24,23 +24,19 @@ from services.cli.stack.state import read_state
 from services.cli.traffic import TrafficGenerator
 from services.protos import inference_pb2, inference_pb2_grpc
 
-IDENTIFIERS = ("user_id", "merchant_id", "device_id")  # the fraud pipeline's sensitive inputs, if it cannot be read
 TIER_ANSWERS = "meshserve_gateway_tier_answers_total"
 CLOUD_BYTES = "meshserve_gateway_cloud_bytes_total"
 EDGE_ONLY = "meshserve_gateway_edge_only_total"
 
 
 def sensitive_inputs(pipeline: str = "fraud", pipelines_dir: Path | None = None) -> list[str]:
-    """The inputs the pipeline marks sensitive, from its YAML (the gateway's pipelines folder by default)."""
-    from services.gateway.pipeline import PipelineError, load_pipeline
+    """The inputs the pipeline marks sensitive, from its YAML (the gateway's pipelines folder by default); a
+    PipelineError or OSError says why it cannot be read."""
+    from services.gateway.pipeline import load_pipeline
     from services.gateway.settings import GatewaySettings
 
     folder = pipelines_dir or GatewaySettings.model_fields["pipelines_dir"].default
-    try:
-        spec = load_pipeline(Path(folder) / f"{pipeline}.yaml")
-    except (OSError, PipelineError):
-        return list(IDENTIFIERS)
-    return list(getattr(spec, "sensitive_inputs", lambda: list(IDENTIFIERS))())
+    return load_pipeline(Path(folder) / f"{pipeline}.yaml").sensitive_inputs()
 
 
 def general_row(row: dict[str, Any], sensitive: list[str]) -> dict[str, Any]:

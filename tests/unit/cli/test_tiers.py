@@ -12,7 +12,7 @@ import pytest
 from rich.console import Console
 
 from services.cli.stack.credentials import StackSecrets
-from services.cli.stack.tiers import (
+from services.cli.stack.tiers.layout import (
     EDGE_CLOUD,
     EdgeCloudTopology,
     TierLayouts,
@@ -20,7 +20,7 @@ from services.cli.stack.tiers import (
     tier_topology_file,
     wan_delay_ms,
 )
-from services.cli.stack.tiers_up import TierRun, prepare_tier
+from services.cli.stack.tiers.up import TierRun, prepare_tier
 from services.cli.stack.topology import TopologyFileError
 from services.cli.tier_demo import general_row, metric_sum, sensitive_inputs
 from services.common import tokens

@@ -19,7 +19,7 @@ from services.cli.stack.mesh import mesh_topology, served_splits
 from services.cli.stack.specs import build_specs, busy_ports
 from services.cli.stack.state import STATE_FILE
 from services.cli.stack.supervisor import BackoffPolicy
-from services.cli.stack.tiers import (
+from services.cli.stack.tiers.layout import (
     CLOUD_TOKEN_SUBJECT,
     CLOUD_TOKEN_TTL_S,
     TIERS,
