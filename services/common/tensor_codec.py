@@ -172,6 +172,17 @@ def decode_request_inputs(inputs: Sequence[Any], raw_contents: Sequence[bytes]) 
     return arrays
 
 
+def decode_raw_inputs(tensors: Sequence[tuple[str, str, Sequence[int], bytes]]) -> dict[str, np.ndarray]:
+    """Inputs that came as raw contents, each (name, datatype, shape, raw bytes), to numpy (as
+    `decode_request_inputs` does for them)."""
+    arrays: dict[str, np.ndarray] = {}
+    for name, datatype, shape, raw in tensors:
+        if name in arrays:
+            raise InvalidArgument(f"input '{name}' appears twice")
+        arrays[name] = decode_tensor(name, datatype, shape, None, raw)
+    return arrays
+
+
 def encode_raw(array: np.ndarray) -> tuple[str, list[int], bytes]:
     """(datatype, shape, raw bytes) of a numpy array for raw_output_contents / raw_input_contents."""
     datatype = datatype_of(array)

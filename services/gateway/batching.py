@@ -8,7 +8,9 @@ up to the stage's row cap or `max_gather_s` of a loop that never idles. Callers 
 batches are in flight queue up and form the next batch when one returns. An idle loop never waits on a timer
 unless `max_delay_s` says so. Each caller keeps its own deadline (a timer answers it
 `DEADLINE_EXCEEDED`, the batch goes on for the others) and its own cancellation (a cancelled caller's future is
-dropped; the batch is never cancelled for it). The batch's own timeout is the latest of its members'.
+dropped; the batch is never cancelled for it). The batch's own timeout is the latest of its members'. Work off the
+critical path that nobody waits for (the cache store) is `post`ed: it joins a batch with no future, timer or task
+of its own.
 
 Traces stay per request: each caller waits inside its own stage span; the batched call has a span of its own,
 `<stage span>.batch`, a child of the first member's stage span, with one link per member. The downstream hop
@@ -18,6 +20,7 @@ carries that span's trace context.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Hashable, Sequence
@@ -46,7 +49,7 @@ class _Member(Generic[T, R]):
     item: T
     rows: int
     end: float  # monotonic time of this caller's deadline for the hop
-    future: asyncio.Future[R]
+    future: asyncio.Future[R] | None  # None: posted, nobody waits for the result
     span: trace.SpanContext
     timer: asyncio.TimerHandle | None = None
     shared: dict[str, int] | None = None  # where to say how many requests the call served
@@ -152,17 +155,41 @@ class StageBatcher(Generic[T, R]):
             rows,
             time.monotonic() + timeout_s,
             loop.create_future(),
-            trace.get_current_span().get_span_context(),
+            recording.current_span().get_span_context(),
             shared=shared,
         )
+        future = member.future
+        assert future is not None
         member.timer = loop.call_later(timeout_s, self._expire, member, timeout_s)
         lane.queue.append(member)
         lane.rows += rows
         self._schedule(lane, loop)
         try:
-            return await member.future
+            return await future
         finally:
             member.timer.cancel()
+
+    def post(self, item: T, rows: int, timeout_s: float, key: Hashable = ()) -> None:
+        """Hand the stage an item whose answer nobody waits for: it joins the lane's next batch (sent as `submit`'s
+        are) with no future, timer or task of its own; the batch's timeout covers it, and errors are dropped."""
+        if not self.enabled:
+            task = asyncio.create_task(self._posted_alone(item, timeout_s, key))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+            return
+        loop = asyncio.get_running_loop()
+        lane = self._lanes.get(key)
+        if lane is None:
+            lane = self._lanes[key] = _Lane(key)
+        span = recording.current_span().get_span_context()
+        lane.queue.append(_Member(item, rows, time.monotonic() + timeout_s, None, span))
+        lane.rows += rows
+        self._schedule(lane, loop)
+
+    async def _posted_alone(self, item: T, timeout_s: float, key: Hashable) -> None:
+        """A posted item's own call (batching off); its error is nobody's."""
+        with contextlib.suppress(Exception):
+            await self.call([item], timeout_s, key)
 
     def _alone_now(self, lane: _Lane[T, R], loop: asyncio.AbstractEventLoop) -> bool:
         """Whether this caller's call can go now, in its own task: a slot is free, nobody waits, no wait is
@@ -180,7 +207,7 @@ class StageBatcher(Generic[T, R]):
         self._members.observe(1)
         self._rows.observe(rows)
         try:
-            with self._span([trace.get_current_span().get_span_context()], rows):
+            with self._span([recording.current_span().get_span_context()], rows):
                 result = (await self.call([item], timeout_s, lane.key))[0]
         finally:
             lane.inflight -= 1
@@ -190,7 +217,7 @@ class StageBatcher(Generic[T, R]):
         return result
 
     def _expire(self, member: _Member[T, R], timeout_s: float) -> None:
-        if not member.future.done():
+        if member.future is not None and not member.future.done():
             member.future.set_exception(
                 DeadlineExceeded(f"{self.stage} did not answer within {timeout_s * 1e3:.0f} ms")
             )
@@ -233,7 +260,7 @@ class StageBatcher(Generic[T, R]):
         rows = 0
         while lane.queue:
             member = lane.queue[0]
-            if member.future.done():  # expired or cancelled while queued
+            if member.future is not None and member.future.done():  # expired or cancelled while queued
                 lane.queue.popleft()
                 continue
             if members and rows + member.rows > self.max_rows:
@@ -265,7 +292,7 @@ class StageBatcher(Generic[T, R]):
             lane.inflight -= 1
             self._schedule(lane, asyncio.get_running_loop())
         for member, result in zip(members, results, strict=True):
-            if member.future.done():
+            if member.future is None or member.future.done():  # posted, or expired or cancelled
                 continue
             if member.shared is not None:
                 member.shared[self.stage] = len(members)
@@ -291,6 +318,12 @@ class StageBatcher(Generic[T, R]):
         )
 
     async def drain(self, timeout_s: float = 2.0) -> None:
-        """Wait for the batches in flight (at shutdown)."""
-        if self._tasks:
-            await asyncio.wait(list(self._tasks), timeout=timeout_s)
+        """Wait for the batches queued (posted items included) and in flight (at shutdown)."""
+        end = time.monotonic() + timeout_s
+        while (left := end - time.monotonic()) > 0:
+            if self._tasks:
+                await asyncio.wait(list(self._tasks), timeout=left, return_when=asyncio.FIRST_COMPLETED)
+            elif any(lane.queue for lane in self._lanes.values()):
+                await asyncio.sleep(0)  # a queued batch launches on its lane's schedule (at most the next loop steps)
+            else:
+                return

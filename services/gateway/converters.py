@@ -9,7 +9,7 @@ from collections.abc import Iterable, Mapping
 from services.common.tensor_codec import decode_request_inputs
 from services.common.triton_config import MODEL_CONFIG_DATA_TYPES
 from services.gateway.admission import Priority, parse_priority
-from services.gateway.domain import PIPELINE_VERSION, OutputSpec, PipelineRequest, PipelineResponse
+from services.gateway.domain import PIPELINE_VERSION, OutputSpec, PipelineRequest, PipelineResponse, WireTensor
 from services.gateway.pipeline import PipelineSpec
 from services.gateway.pipeline_stats import PipelineStats
 from services.protos import inference_pb2 as pb
@@ -32,9 +32,17 @@ def priority_of(request: pb.ModelInferRequest) -> Priority:
 
 
 def infer_request_from_pb(request: pb.ModelInferRequest, priority: Priority) -> PipelineRequest:
+    """Inputs sent as raw contents (one per input, no typed contents beside) stay undecoded in `wire`; any others
+    are decoded into `inputs`."""
+    raw = request.raw_input_contents
+    tensors = request.inputs
+    wire = None
+    if raw and len(raw) == len(tensors) and not any(t.HasField("contents") for t in tensors):
+        wire = [WireTensor(t.name, t.datatype, tuple(t.shape), raw[i]) for i, t in enumerate(tensors)]
     return PipelineRequest(
         pipeline=request.model_name,
-        inputs=decode_request_inputs(request.inputs, request.raw_input_contents),
+        inputs={} if wire is not None else decode_request_inputs(tensors, raw),
+        wire=wire,
         version=request.model_version,
         id=request.id,
         requested_outputs=[o.name for o in request.outputs],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -12,9 +13,20 @@ from services.model.api import RawTensor
 PIPELINE_VERSION = "1"  # a pipeline has one version; its model's versions live behind it
 
 
+class WireTensor(NamedTuple):
+    """One input as it came in raw_input_contents, not yet decoded: what the near cache's fast path reads."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    raw: bytes
+
+
 @dataclass
 class PipelineRequest:
-    """One ModelInfer for a pipeline, decoded: inputs as numpy arrays (not yet checked against the pipeline)."""
+    """One ModelInfer for a pipeline: inputs as numpy arrays (not yet checked against the pipeline), or, when every
+    input came as raw contents, `wire` (decoded by the handler only when the near cache does not know the request);
+    `inputs` is then empty."""
 
     pipeline: str
     inputs: dict[str, np.ndarray]
@@ -23,6 +35,7 @@ class PipelineRequest:
     requested_outputs: list[str] = field(default_factory=list)  # empty: every output of the pipeline
     debug: bool = False  # answer with per-stage times
     priority: Priority = Priority.NORMAL
+    wire: list[WireTensor] | None = None
 
 
 @dataclass

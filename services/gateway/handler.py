@@ -13,6 +13,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Iterable
+from functools import partial
 
 import grpc
 import numpy as np
@@ -22,6 +23,7 @@ from services.common.errors import DeadlineExceeded, InvalidArgument, MeshserveE
 from services.common.metrics import trace_exemplar
 from services.common.recording import DEGRADED, PIPELINE
 from services.common.server import Lifecycle
+from services.common.tensor_codec import decode_raw_inputs
 from services.gateway import metrics
 from services.gateway.activator import Activator, ColdStart, Target
 from services.gateway.admission import Admission, Permit
@@ -84,8 +86,13 @@ class GatewayHandler:
         self.admission = Admission(
             settings.max_inflight, settings.min_limit, settings.low_priority_share, settings.retry_after_ms
         )
+        self.meters: dict[str, metrics.PipelineMeters] = {}
         for name, spec in self.pipelines.items():
             self.admission.add_pool(name, spec.admission.max_inflight, spec.admission.adaptive)
+            self.meters[name] = metrics.PipelineMeters(name)
+            pool = self.admission.pools[name]  # in flight and the limit are read when scraped, not set per request
+            metrics.INFLIGHT.labels(name).set_function(partial(getattr, pool, "inflight"))
+            metrics.LIMIT.labels(name).set_function(pool.current_limit)
         self.near, self.near_watch = near_cache(settings, self.up.cache)
         self.demand = DemandTracker()  # model calls in flight, reported to the scaler when there is one
         self.demand_reporter = demand_reporter(settings, self.demand, UNTRACED)
@@ -236,15 +243,15 @@ class GatewayHandler:
         return claimed
 
     def _place(
-        self, spec: PipelineSpec, request: PipelineRequest, claimed: DataClass | None, headers: Headers
+        self, spec: PipelineSpec, given_inputs: dict[str, np.ndarray], claimed: DataClass | None, headers: Headers
     ) -> tuple[int, dict[str, np.ndarray], Route | None, Headers]:
         """(rows, inputs checked, where the request is answered, the headers its calls carry). An edge-tier gateway
         classifies it and marks its calls with the class; a cloud-tier one refuses a value in a sensitive input.
         Sensitive inputs a two-tier request leaves out are filled with empty values."""
         if self.tier == "single":
-            rows, inputs = check_inputs(spec, request.inputs)
+            rows, inputs = check_inputs(spec, given_inputs)
             return rows, inputs, None, headers
-        given, withheld = fill_withheld(spec, request.inputs)
+        given, withheld = fill_withheld(spec, given_inputs)
         rows, inputs = check_inputs(spec, given)
         if self.tier == "cloud":
             try:
@@ -265,36 +272,65 @@ class GatewayHandler:
         claimed: DataClass | None = None,
     ) -> PipelineResponse:
         """Check, place (two tiers), admit, run and count one pipeline request; `claimed` is the class the caller's
-        header claims (`claimed`)."""
+        header claims (`claimed`).
+
+        A request that came as raw contents and that the near cache knows byte for byte is answered before anything
+        is decoded or admitted (a single-tier gateway's; see `PipelineRunner.known_hit`)."""
         spec = self._spec(request.pipeline)
         span = trace.get_current_span()  # the request's server span: what the edge's keep decision reads
         span.set_attribute(PIPELINE, spec.name)
         if request.version not in ("", PIPELINE_VERSION):
             raise NotFound(f"pipeline {spec.name!r} has only version 1 (asked for {request.version!r})")
-        rows, inputs, route, headers = self._place(spec, request, claimed, headers)
         unknown = [n for n in request.requested_outputs if n not in spec.outputs]
         if unknown:
             raise InvalidArgument(f"pipeline {spec.name!r} has no output {unknown[0]!r} (has {spec.outputs})")
+        given = request.inputs
+        wire_key = None
+        if request.wire is not None:
+            runner = self.runners[spec.name]
+            wire_key = runner.wire_key(request.wire) if self.tier == "single" else None
+            if wire_key is not None:
+                start = time.perf_counter()
+                hit = runner.known_hit(wire_key)
+                if hit is not None:
+                    metrics.WIRE_HITS.labels(spec.name).inc()
+                    self.meters[spec.name].requests("OK", hit.cache).inc()
+                    return self._answered(spec, request, hit, request.wire[0].shape[0], start, None)
+            given = decode_raw_inputs(request.wire)
+        rows, inputs, route, headers = self._place(spec, given, claimed, headers)
         try:
             permit = self.admission.acquire(spec.name, request.priority)
         except MeshserveError:
             metrics.SHED.labels(spec.name, request.priority.name.lower()).inc()
-            metrics.REQUESTS.labels(spec.name, "RESOURCE_EXHAUSTED", "none").inc()
+            self.meters[spec.name].requests("RESOURCE_EXHAUSTED", "none").inc()
             raise
         start = time.perf_counter()
-        answer = await self._run(spec, inputs, rows, permit, start, caller_remaining_s, headers, route)
+        answer = await self._run(spec, inputs, rows, permit, start, caller_remaining_s, headers, route, wire_key)
+        return self._answered(spec, request, answer, rows, start, route)
+
+    def _answered(
+        self,
+        spec: PipelineSpec,
+        request: PipelineRequest,
+        answer: Answer,
+        rows: int,
+        start: float,
+        route: Route | None,
+    ) -> PipelineResponse:
+        """Count an answer (latency, stages, degraded, statistics) and make it the response."""
         elapsed = time.perf_counter() - start
         if self.tier != "single":
             answer.tier = answer.tier or self.tier
         if route is not None:
             metrics.TIER_ANSWERS.labels(spec.name, answer.tier, route.data_class).inc()
-        metrics.REQUEST_SECONDS.labels(spec.name).observe(elapsed, trace_exemplar())
+        meters = self.meters[spec.name]
+        meters.request_seconds.observe(elapsed, trace_exemplar())
         for stage, ms in answer.stages_ms.items():
             if stage != "total":
-                metrics.STAGE_SECONDS.labels(spec.name, stage).observe(ms / 1e3)
+                meters.stage(stage).observe(ms / 1e3)
         if answer.degraded:
             metrics.DEGRADED.labels(spec.name, answer.degraded).inc()
-            span.set_attribute(DEGRADED, answer.degraded)
+            trace.get_current_span().set_attribute(DEGRADED, answer.degraded)
         self.stats.succeeded(spec.name, answer, rows, elapsed)
         return self._response(spec, request, answer, elapsed)
 
@@ -308,15 +344,14 @@ class GatewayHandler:
         caller_remaining_s: float | None,
         headers: Headers,
         route: Route | None = None,
+        wire_key: bytes | None = None,
     ) -> Answer:
         """The runner's answer, the permit released with what it says about load, every outcome counted."""
-        pool = permit.pool
-        metrics.INFLIGHT.labels(spec.name).set(pool.inflight)
         code = "OK"
         cache = "none"
         try:
             deadline = Deadline(spec.timeouts.total_ms / 1000.0, caller_remaining_s)
-            answer = await self.runners[spec.name].run(inputs, rows, deadline, headers, route)
+            answer = await self.runners[spec.name].run(inputs, rows, deadline, headers, route, wire_key)
             cache = answer.cache
             # Only whole answers that did work are latency samples: a hit or a fast degraded answer (Redis down) is
             # not the pipeline's latency, and would pull the baseline down. Only an overloaded dependency is a
@@ -335,9 +370,7 @@ class GatewayHandler:
             permit.release(sample=False)
             raise
         finally:
-            metrics.REQUESTS.labels(spec.name, code, cache).inc()
-            metrics.INFLIGHT.labels(spec.name).set(pool.inflight)
-            metrics.LIMIT.labels(spec.name).set(pool.current_limit())
+            self.meters[spec.name].requests(code, cache).inc()
 
     @staticmethod
     def _response(spec: PipelineSpec, request: PipelineRequest, answer: Answer, elapsed: float) -> PipelineResponse:

@@ -42,10 +42,23 @@ class Counter(Protocol):
     def inc(self, amount: float = 1) -> None: ...
 
 
+_ROUTED: dict[tuple[Headers, Sequence[str]], tuple[tuple[str, str], ...]] = {}
+_ROUTED_MAX = 4096  # entries kept (each request's headers are asked for at each of its stages)
+
+
 def routing_headers(headers: Headers, drop: Sequence[str]) -> tuple[tuple[str, str], ...]:
     """The headers that decide where a call goes (what members of one batch must share): the passed-on ones
-    without those named in `drop` (the trace context and request id belong to a single request)."""
-    return tuple(sorted((k, v) for k, v in headers if k not in drop))
+    without those named in `drop` (the trace context and request id belong to a single request). Remembered per
+    headers, since every stage of a request asks again."""
+    if type(headers) is not tuple:  # not hashable as given: worked out each time
+        return tuple(sorted((k, v) for k, v in headers if k not in drop))
+    key = (headers, drop)
+    routed = _ROUTED.get(key)
+    if routed is None:
+        if len(_ROUTED) >= _ROUTED_MAX:
+            _ROUTED.clear()
+        routed = _ROUTED[key] = tuple(sorted((k, v) for k, v in headers if k not in drop))
+    return routed
 
 
 async def one_by_one(

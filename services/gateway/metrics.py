@@ -25,6 +25,12 @@ STAGE_SECONDS = Histogram(
     ["pipeline", "stage"],
     buckets=LATENCY_BUCKETS,
 )
+WIRE_HITS = Counter(
+    "meshserve_gateway_wire_hits_total",
+    "Pipeline requests the near cache answered from the request's raw bytes, before decoding or admission (also "
+    "counted as hits in meshserve_gateway_requests_total).",
+    ["pipeline"],
+)
 INFLIGHT = Gauge("meshserve_gateway_inflight_requests", "Requests in flight, by pipeline (or model).", ["pipeline"])
 LIMIT = Gauge("meshserve_gateway_concurrency_limit", "Current (adaptive) concurrency limit.", ["pipeline"])
 SHED = Counter(
@@ -95,3 +101,28 @@ CLOUD_REFUSED = Counter(
     "(header, input).",
     ["reason"],
 )
+
+
+class PipelineMeters:
+    """One pipeline's label children of the per-request metrics, bound once: a `labels()` lookup costs more than the
+    observation it leads to, and every request makes several."""
+
+    def __init__(self, pipeline: str) -> None:
+        self.pipeline = pipeline
+        self.request_seconds = REQUEST_SECONDS.labels(pipeline)
+        self._stages: dict[str, Histogram] = {}
+        self._requests: dict[tuple[str, str], Counter] = {}
+
+    def stage(self, stage: str) -> Histogram:
+        """The stage-duration child of `stage`."""
+        child = self._stages.get(stage)
+        if child is None:
+            child = self._stages[stage] = STAGE_SECONDS.labels(self.pipeline, stage)
+        return child
+
+    def requests(self, code: str, cache: str) -> Counter:
+        """The requests-answered child of (gRPC code, cache outcome)."""
+        child = self._requests.get((code, cache))
+        if child is None:
+            child = self._requests[(code, cache)] = REQUESTS.labels(self.pipeline, code, cache)
+        return child

@@ -7,14 +7,23 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Mapping, Sequence
 from typing import TypeVar
 
 import grpc
 import numpy as np
 from opentelemetry import trace
 
-from services.cache.api import CachedValue, Entry, L1Cache, SingleFlight, StoreItem, request_digest, versioned_key
+from services.cache.api import (
+    CachedValue,
+    Entry,
+    L1Cache,
+    SingleFlight,
+    StoreItem,
+    request_digest,
+    versioned_key,
+    wire_digest,
+)
 from services.common.errors import DeadlineExceeded, MeshserveError, Unavailable
 from services.common.tensor_codec import encode_raw
 from services.common.tracing import child_span
@@ -34,7 +43,7 @@ from services.gateway.degradation import (
     stale_answer,
 )
 from services.gateway.demand import DemandTracker
-from services.gateway.domain import Answer, OutputSpec
+from services.gateway.domain import Answer, OutputSpec, WireTensor
 from services.gateway.inputs import feature_rows
 from services.gateway.joins import (
     PER_REQUEST_HEADERS,
@@ -55,6 +64,7 @@ from services.model.api import InferResult, RawTensor
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("meshserve.gateway")
 STORE_TIMEOUT_S = 0.2
+KNOWN_WIRE_DIGESTS = 65_536  # wire digest -> request digest pairs kept for the near cache's fast path (about 10 MB)
 T = TypeVar("T")
 R = TypeVar("R")
 
@@ -130,9 +140,14 @@ class PipelineRunner:
         # failure (degraded, the pipeline's remedies), not the caller's, who never sent those values.
         self._fed_by_features = spec.features is not None and set(self.model_inputs.values()) == {spec.features.output}
         self.key_inputs = spec.cache.key_inputs or [i.name for i in spec.inputs]
+        # The fast path (`known_hit`) needs a near cache and a key of every input: a wire digest then stands for a
+        # request that passed every check before.
+        self._by_wire = (
+            self.near is not None and spec.cache.enabled and set(self.key_inputs) == {i.name for i in spec.inputs}
+        )
+        self._known: dict[bytes, bytes] = {}  # wire digest -> request digest, oldest first
         self._flights: SingleFlight[Answer] = SingleFlight()
         self._waiting: dict[bytes, _Flight] = {}  # flight key -> its callers and task
-        self._stores: set[asyncio.Future[bool]] = set()
         timeouts = spec.timeouts
         self._budgets = {
             "cache": timeouts.budget(timeouts.cache_ms),
@@ -168,6 +183,25 @@ class PipelineRunner:
 
     # -- entry point ---------------------------------------------------------------------------------------
 
+    def wire_key(self, wire: Sequence[WireTensor]) -> bytes | None:
+        """The wire digest of a request that came as raw contents, when this pipeline's near cache can answer by it
+        (`known_hit`); None when it cannot."""
+        return wire_digest(wire) if self._by_wire else None
+
+    def known_hit(self, wire_key: bytes) -> Answer | None:
+        """The near cache's fresh answer to a request byte-identical to one answered before (by its `wire_key`),
+        with nothing decoded: that request passed every check, so this one would. None: not known, or no fresh
+        answer near (the request then takes the whole path)."""
+        digest = self._known.get(wire_key)
+        return None if digest is None else self._near_hit(digest)
+
+    def _remember(self, wire_key: bytes, digest: bytes) -> None:
+        known = self._known
+        if wire_key not in known:
+            if len(known) >= KNOWN_WIRE_DIGESTS:
+                del known[next(iter(known))]
+            known[wire_key] = digest
+
     async def run(
         self,
         inputs: Mapping[str, np.ndarray],
@@ -175,11 +209,15 @@ class PipelineRunner:
         deadline: Deadline,
         headers: Headers,
         route: Route | None = None,
+        wire_key: bytes | None = None,
     ) -> Answer:
         """The answer to one request (inputs checked against the pipeline); identical concurrent requests share
         one computation, cancelled when every one of them is. `route` (an edge-tier gateway's): where the request
-        is answered; one routed to the cloud skips this tier's caches."""
+        is answered; one routed to the cloud skips this tier's caches. `wire_key` (from `wire_key`): the request's
+        wire digest, remembered with its request digest for the fast path."""
         digest = request_digest({name: inputs[name] for name in self.key_inputs})
+        if wire_key is not None and self._by_wire:
+            self._remember(wire_key, digest)
         remote = route is not None and route.tier == "cloud" and self._cloud_calls is not None
         flight_key = digest if route is None else digest + f"|{route.tier}|{route.data_class}".encode()
         near = None if remote else self._near_hit(digest)
@@ -652,21 +690,14 @@ class PipelineRunner:
     # -- after the answer ----------------------------------------------------------------------------------
 
     def _store_later(self, key: bytes, answer: Answer, headers: Headers, generation: int) -> None:
-        """Store the answer off the critical path (a task; the response does not wait for it)."""
+        """Store the answer off the critical path: posted to the store's batcher (no task, timer or span of its own;
+        the batched call's span `cache.store.batch` is the trace's record of it)."""
         value = answer_to_cache_value(answer, self.spec.model.name)
         self._keep_near(key, value, answer.model_version, time.time(), generation)
-        task = asyncio.ensure_future(self._store(key, value, answer.model_version, headers))
-        self._stores.add(task)
-        task.add_done_callback(self._stores.discard)
-
-    async def _store(self, key: bytes, value: bytes, version: str, headers: Headers) -> bool:
         policy = self.spec.cache
-        item = StoreItem(key, value, self.spec.name, self.spec.model.name, version, policy.ttl_s, policy.stale_s)
-        with child_span(tracer, "cache.store"):
-            try:
-                return await self._writes.submit(item, 1, STORE_TIMEOUT_S, self._route(headers))
-            except DeadlineExceeded:
-                return False
+        model, version = self.spec.model.name, answer.model_version
+        item = StoreItem(key, value, self.spec.name, model, version, policy.ttl_s, policy.stale_s)
+        self._writes.post(item, 1, STORE_TIMEOUT_S, self._route(headers))
 
     def _finish(
         self, answer: Answer, stages: dict[str, float], t0: float, shared: dict[str, int] | None = None
@@ -677,8 +708,6 @@ class PipelineRunner:
         return answer
 
     async def drain_stores(self, timeout_s: float = 2.0) -> None:
-        """Wait for the stores and batches still in flight (at shutdown)."""
-        if self._stores:
-            await asyncio.wait(list(self._stores), timeout=timeout_s)
+        """Wait for the stores and batches still queued or in flight (at shutdown)."""
         for batcher in (self._lookups, self._computes, self._infers, self._writes):
             await batcher.drain(timeout_s)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from services.cache.keys import KEY_BYTES, request_key
+from services.cache.keys import KEY_BYTES, request_key, wire_digest
 
 
 def inputs() -> dict[str, np.ndarray]:
@@ -45,3 +45,19 @@ def test_everything_in_the_request_changes_the_key() -> None:
         key(inputs={"x": inputs()["x"]}),
     ]
     assert len({base, *variants}) == len(variants) + 1
+
+
+def test_the_wire_digest_tells_any_difference_of_name_type_shape_or_bytes() -> None:
+    base = [("a", "FP32", (1, 1), b"\x00\x00\x80?"), ("b", "BYTES", (1, 1), b"\x01\x00\x00\x00x")]
+    same = [(n, d, tuple(s), bytes(r)) for n, d, s, r in base]
+    assert wire_digest(base) == wire_digest(same)
+    variants = [
+        [("c", *base[0][1:]), base[1]],
+        [("a", "INT32", *base[0][2:]), base[1]],
+        [("a", "FP32", (1,), base[0][3]), base[1]],
+        [("a", "FP32", (1, 1), b"\x00\x00\x80@"), base[1]],
+        [base[1], base[0]],  # the order sent
+        [("a", "FP32", (1, 1), b"\x00\x00\x80?\x01"), ("b", "BYTES", (1, 1), b"\x00\x00\x00x")],  # a byte moved
+    ]
+    digests = {wire_digest(v) for v in variants}
+    assert wire_digest(base) not in digests and len(digests) == len(variants)

@@ -337,3 +337,40 @@ async def test_a_lone_call_has_its_batch_span_with_one_link(
 def test_the_usage_example_in_the_docstring_runs_as_shown() -> None:
     failed, tried = doctest.testmod(batching, raise_on_error=False)
     assert tried > 0 and failed == 0
+
+
+async def test_posted_items_join_the_callers_batch_and_nobody_waits_for_them() -> None:
+    down = Downstream()
+    down.gate = asyncio.Event()
+    stage = batcher(down)
+    first = asyncio.ensure_future(stage.submit(1, 1, 1.0))
+    await steps(3)  # the first call is in flight: the next ones queue
+    stage.post(2, 1, 1.0)
+    waiting = asyncio.ensure_future(stage.submit(3, 1, 1.0))
+    stage.post(4, 1, 1.0)
+    await steps(2)
+    down.gate.set()
+    assert await first == 2 and await waiting == 6
+    await stage.drain(1.0)
+    assert down.calls[0] == [1] and sorted(down.calls[1]) == [2, 3, 4] and len(down.calls) == 2
+
+
+async def test_a_posted_items_failed_batch_fails_no_one_else_and_drain_sends_what_is_queued() -> None:
+    down = Downstream()
+    down.fail = Unavailable("down")
+    stage = batcher(down, max_gather_s=0.5)
+    stage.post(5, 1, 1.0)
+    stage.post(6, 1, 1.0)
+    await stage.drain(1.0)  # nothing queued is left behind at shutdown, and the error is nobody's
+    assert down.calls == [[5, 6]]
+    down.fail = None
+    assert await stage.submit(7, 1, 1.0) == 14
+
+
+async def test_a_posted_item_without_batching_is_its_own_call() -> None:
+    down = Downstream()
+    stage = batcher(down, enabled=False)
+    stage.post(8, 1, 1.0)
+    stage.post(9, 1, 1.0)
+    await stage.drain(1.0)
+    assert sorted(down.calls) == [[8], [9]]

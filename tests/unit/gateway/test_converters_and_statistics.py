@@ -8,7 +8,7 @@ import pytest
 
 from services.cache.api import CachedValue
 from services.common.errors import InvalidArgument
-from services.common.tensor_codec import serialize_bytes
+from services.common.tensor_codec import decode_raw_inputs, serialize_bytes
 from services.gateway import cache_converters, converters
 from services.gateway.admission import Priority
 from services.gateway.domain import Answer, OutputSpec, PipelineResponse
@@ -36,8 +36,22 @@ def test_an_infer_request_becomes_a_pipeline_request() -> None:
     request = converters.infer_request_from_pb(message, converters.priority_of(message))
     assert (request.pipeline, request.version, request.id) == ("p", "1", "abc")
     assert (request.requested_outputs, request.debug, request.priority) == (["score"], True, Priority.LOW)
-    assert request.inputs["user_id"].tolist() == [[b"a"], [b"b"]]
-    assert request.inputs["amount"].dtype == np.float32 and request.inputs["amount"].shape == (2, 1)
+    assert request.inputs == {} and request.wire is not None  # raw contents stay undecoded until needed
+    assert [(t.name, t.datatype, t.shape) for t in request.wire] == [
+        ("user_id", "BYTES", (2, 1)),
+        ("amount", "FP32", (2, 1)),
+    ]
+    decoded = decode_raw_inputs(request.wire)
+    assert decoded["user_id"].tolist() == [[b"a"], [b"b"]]
+    assert decoded["amount"].dtype == np.float32 and decoded["amount"].shape == (2, 1)
+
+
+def test_typed_contents_are_decoded_at_once() -> None:
+    message = pb.ModelInferRequest(model_name="p")
+    tensor = message.inputs.add(name="amount", datatype="FP32", shape=[2, 1])
+    tensor.contents.fp32_contents.extend([1.5, 2.5])
+    request = converters.infer_request_from_pb(message, Priority.NORMAL)
+    assert request.wire is None and request.inputs["amount"].tolist() == [[1.5], [2.5]]
 
 
 @pytest.mark.parametrize(
