@@ -1,7 +1,8 @@
 """`python -m bench.stack`: the whole local stack (`meshserve up`: Envoy ingress and sidecar listeners, every service)
 under perf_analyzer with distinct fraud transactions, beside a bare gRPC server in the same run, with its
 two targets (c=1 p50 and c=8 throughput, each relative to the bare server), then the CPU each process of the stack
-spends per request on all-miss and Zipf traffic and what a million requests cost at a price per vCPU-hour."""
+spends per request on all-miss and Zipf traffic and what a million requests cost at a price per vCPU-hour, with the
+cost targets (all-miss c=32 CPU per request in all and in the gateway, and the c=1 p50 in ms)."""
 
 from __future__ import annotations
 
@@ -52,6 +53,11 @@ INGRESS_REQUESTS = "http.ingress.downstream_rq_completed"  # Envoy's count of th
 C1_P50_MOST = 6.0  # stack c=1 p50 <= 6 x the floor's
 # Stack c=8 req/s / floor c=8 infer/s: at least 3 x the ratio of the run that set the targets (bench/README.md).
 C8_THROUGHPUT_LEAST = 3 * 80.0 / 2261.0
+# The cost issue's targets (bench/README.md, "CPU per request"): all-miss c=32 with tracing as the default runs it.
+COST_C = 32
+TOTAL_MS_MOST = 1.6  # CPU ms per request over every process of the stack
+GATEWAY_MS_MOST = 0.6  # the gateway's share of it
+C1_P50_MS_MOST = 5.0  # the stack's c=1 p50, in ms (not a ratio)
 
 
 def transaction_entry(i: int, t0: int) -> dict[str, list[Any]]:
@@ -148,6 +154,31 @@ def targets(stack: dict[int, PerfResult], floor: dict[int, PerfResult]) -> list[
             C8_THROUGHPUT_LEAST,
             at_most=False,
         ),
+    ]
+
+
+def cost_targets(stack: dict[int, PerfResult], cells: Sequence[CpuCell]) -> list[Target]:
+    """The cost issue's targets: all-miss c=32 CPU ms per request in all and in the gateway, and the c=1 p50 in ms
+    (n/a without the cell or the run that measures each)."""
+    cell = next((c for c in cells if c.traffic == ALL_MISS and c.concurrency == COST_C), None)
+    ms = cell.per_request_ms if cell is not None else None
+    s1 = stack.get(1)
+    return [
+        Target(
+            f"target.all_miss_c{COST_C}_total_cpu_ms",
+            f"all-miss c={COST_C}: CPU ms per request, whole stack",
+            ms.get(cpu.TOTAL) if ms else None,
+            TOTAL_MS_MOST,
+            at_most=True,
+        ),
+        Target(
+            f"target.all_miss_c{COST_C}_gateway_cpu_ms",
+            f"all-miss c={COST_C}: CPU ms per request, gateway",
+            ms.get("gateway") if ms else None,
+            GATEWAY_MS_MOST,
+            at_most=True,
+        ),
+        Target("target.c1_p50_ms", "c=1 p50 ms, whole stack", s1.p50_ms if s1 else None, C1_P50_MS_MOST, at_most=True),
     ]
 
 
@@ -548,7 +579,7 @@ def report(
             hop_rows(hop_legs(traced)),
             title="each mesh hop of those traces, leg by leg (p50)",
         )
-    checks = targets(stack, floor)
+    checks = targets(stack, floor) + (cost_targets(stack, cpu_cells) if cpu_cells else [])  # --no-cpu: as before
     results.print_table(
         ["target", "measured", "target", "result"],
         [[t.label, "-" if t.value is None else f"{t.value:.3f}", t.bound, t.verdict] for t in checks],
@@ -557,7 +588,15 @@ def report(
     if cpu_cells:
         print_cpu(cpu_cells, usd_per_vcpu_hour)
     if not no_record:
-        path = results.record(figures(stack, floor, command) + cpu_figures(cpu_cells, usd_per_vcpu_hour, command))
+        cost = [
+            results.figure(
+                f"{PREFIX}.{t.name}", None if t.value is None else round(t.value, 4), "ms", f"target {t.bound}", command
+            )
+            for t in (cost_targets(stack, cpu_cells) if cpu_cells else [])
+        ]
+        path = results.record(
+            figures(stack, floor, command) + cpu_figures(cpu_cells, usd_per_vcpu_hour, command) + cost
+        )
         print(f"\nrecorded in {path.relative_to(ROOT)}")
     print(f"took {time.monotonic() - started:.0f} s")
     return 0 if stack and set(stack) == set(floor) else 1

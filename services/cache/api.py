@@ -10,7 +10,15 @@ from __future__ import annotations
 from services.cache.client import CacheClient
 from services.cache.domain import CachedValue, CacheStats, Invalidation, Removed, StoreItem
 from services.cache.entry import Entry
-from services.cache.keys import request_digest, request_key, versioned_key, wire_digest
+from services.cache.keys import (
+    Canonical,
+    bytes_canonical,
+    canonical_digest,
+    request_digest,
+    request_key,
+    versioned_key,
+    wire_digest,
+)
 from services.cache.l1 import L1Cache
 from services.cache.singleflight import SingleFlight
 
@@ -18,12 +26,15 @@ __all__ = [
     "CacheClient",
     "CacheStats",
     "CachedValue",
+    "Canonical",
     "Entry",
     "Invalidation",
     "L1Cache",
     "Removed",
     "SingleFlight",
     "StoreItem",
+    "bytes_canonical",
+    "canonical_digest",
     "request_digest",
     "request_key",
     "versioned_key",

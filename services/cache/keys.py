@@ -18,30 +18,44 @@ def _field(h: hashlib.blake2b, data: bytes) -> None:
     h.update(data)
 
 
+def bytes_canonical(items: Sequence[bytes]) -> bytes:
+    """The canonical bytes of BYTES elements: every element's length (little-endian uint32), then the elements."""
+    return np.fromiter(map(len, items), dtype="<u4", count=len(items)).tobytes() + b"".join(items)
+
+
 def _tensor_bytes(array: np.ndarray) -> tuple[bytes, bytes]:
     """(dtype tag, canonical bytes): little-endian, C order; BYTES as every element's length, then the elements."""
     if array.dtype.kind in "OSU":
         items = [item.encode() if isinstance(item, str) else bytes(item) for item in array.reshape(-1).tolist()]
-        lengths = np.fromiter(map(len, items), dtype="<u4", count=len(items))
-        return b"BYTES", lengths.tobytes() + b"".join(items)
+        return b"BYTES", bytes_canonical(items)
     dtype = array.dtype.newbyteorder("<") if array.dtype.byteorder == ">" else array.dtype
     canonical = np.ascontiguousarray(array, dtype=dtype)
     return dtype.str.encode(), canonical.tobytes()
 
 
+Canonical = tuple[str, bytes, tuple[int, ...], bytes]  # an input's name, dtype tag, shape and canonical bytes
+
+
+def canonical_digest(parts: Sequence[Canonical]) -> bytes:
+    """request_digest of inputs already in canonical form (`_tensor_bytes`'s tag and bytes, the shape as a tuple):
+    a caller that has the canonical bytes at hand (the gateway reading raw contents) need not build arrays first."""
+    chunks = [struct.pack("<Q", len(parts))]
+    for name, tag, shape, data in sorted(parts, key=lambda part: part[0]):
+        for field in (name.encode(), tag, struct.pack(f"<{len(shape)}q", *shape), data):
+            chunks.append(struct.pack("<Q", len(field)))  # length-prefixed, as `_field` writes them
+            chunks.append(field)
+    return hashlib.blake2b(b"".join(chunks), digest_size=KEY_BYTES).digest()
+
+
 def request_digest(inputs: Mapping[str, np.ndarray]) -> bytes:
     """A digest of the canonical request alone (names, dtypes, shapes, values): the costly part of a key,
     computed once per request and shared by its keys for every serving version (and by coalescing)."""
-    h = hashlib.blake2b(digest_size=KEY_BYTES)
-    h.update(struct.pack("<Q", len(inputs)))
-    for name in sorted(inputs):
-        array = np.asarray(inputs[name])
+    parts = []
+    for name, value in inputs.items():
+        array = np.asarray(value)
         tag, data = _tensor_bytes(array)
-        _field(h, name.encode())
-        _field(h, tag)
-        _field(h, struct.pack(f"<{array.ndim}q", *array.shape))
-        _field(h, data)
-    return h.digest()
+        parts.append((name, tag, tuple(int(d) for d in array.shape), data))
+    return canonical_digest(parts)
 
 
 def wire_digest(tensors: Sequence[tuple[str, str, Sequence[int], bytes]]) -> bytes:

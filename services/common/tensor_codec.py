@@ -85,6 +85,16 @@ def deserialize_bytes(name: str, raw: bytes, count: int) -> np.ndarray:
 
     The array is allocated after parsing, so a shape that claims billions of elements (cheap to send) costs no
     more than the bytes that came with it."""
+    items = parse_bytes(name, raw, count)
+    out = np.empty(count, dtype=np.object_)
+    for i, item in enumerate(items):
+        out[i] = item
+    return out
+
+
+def parse_bytes(name: str, raw: bytes, count: int) -> list[bytes]:
+    """The `count` elements of v2 raw BYTES (see `deserialize_bytes`); INVALID_ARGUMENT naming the input when the
+    bytes do not hold exactly that many."""
     items: list[bytes] = []
     view = memoryview(raw)
     offset = 0
@@ -99,10 +109,7 @@ def deserialize_bytes(name: str, raw: bytes, count: int) -> np.ndarray:
         offset += length
     if offset != len(view):
         raise InvalidArgument(f"input '{name}': {len(view) - offset} bytes left over after {count} BYTES elements")
-    out = np.empty(count, dtype=np.object_)
-    for i, item in enumerate(items):
-        out[i] = item
-    return out
+    return items
 
 
 def serialize_bytes(array: np.ndarray) -> bytes:

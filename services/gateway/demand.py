@@ -125,4 +125,5 @@ def demand_reporter(
         tracker.changed,
         metadata=metadata,
         options=transport_options(settings),
+        min_interval_s=settings.demand_interval_s,
     )

@@ -32,7 +32,7 @@ from services.gateway.degradation import MODEL_FAILURES
 from services.gateway.demand import DemandTracker, demand_reporter
 from services.gateway.domain import PIPELINE_VERSION, Answer, OutputSpec, PipelineRequest, PipelineResponse
 from services.gateway.forwarding import Forwarder
-from services.gateway.inputs import check_inputs
+from services.gateway.inputs import check_inputs, check_wire
 from services.gateway.near import near_cache
 from services.gateway.pipeline import DataClass, PipelineSpec, load_pipelines
 from services.gateway.pipeline_stats import PipelineStats, Statistics
@@ -83,16 +83,8 @@ class GatewayHandler:
         self.versions = ServingVersions(settings.versions_ttl_s)
         models = {spec.model.name for spec in self.pipelines.values()}
         self.refresher = VersionRefresher(self.up.model, models, self.versions, settings.versions_refresh_s, UNTRACED)
-        self.admission = Admission(
-            settings.max_inflight, settings.min_limit, settings.low_priority_share, settings.retry_after_ms
-        )
-        self.meters: dict[str, metrics.PipelineMeters] = {}
-        for name, spec in self.pipelines.items():
-            self.admission.add_pool(name, spec.admission.max_inflight, spec.admission.adaptive)
-            self.meters[name] = metrics.PipelineMeters(name)
-            pool = self.admission.pools[name]  # in flight and the limit are read when scraped, not set per request
-            metrics.INFLIGHT.labels(name).set_function(partial(getattr, pool, "inflight"))
-            metrics.LIMIT.labels(name).set_function(pool.current_limit)
+        self.admission = self._admission(settings)
+        self.meters = {name: metrics.PipelineMeters(name) for name in self.pipelines}
         self.near, self.near_watch = near_cache(settings, self.up.cache)
         self.demand = DemandTracker()  # model calls in flight, reported to the scaler when there is one
         self.demand_reporter = demand_reporter(settings, self.demand, UNTRACED)
@@ -133,6 +125,19 @@ class GatewayHandler:
         self._tasks: list[asyncio.Task[None]] = []
 
     # -- lifecycle -----------------------------------------------------------------------------------------
+
+    def _admission(self, settings: GatewaySettings) -> Admission:
+        """Admission with a pool per pipeline, whose in-flight count and limit are read when /metrics is scraped
+        (not set on every request)."""
+        admission = Admission(
+            settings.max_inflight, settings.min_limit, settings.low_priority_share, settings.retry_after_ms
+        )
+        for name, spec in self.pipelines.items():
+            admission.add_pool(name, spec.admission.max_inflight, spec.admission.adaptive)
+            pool = admission.pools[name]
+            metrics.INFLIGHT.labels(name).set_function(partial(getattr, pool, "inflight"))
+            metrics.LIMIT.labels(name).set_function(pool.current_limit)
+        return admission
 
     async def start(self) -> None:
         """Connect to every upstream and learn each pipeline model's outputs and versions (best effort, so the
@@ -285,19 +290,27 @@ class GatewayHandler:
         if unknown:
             raise InvalidArgument(f"pipeline {spec.name!r} has no output {unknown[0]!r} (has {spec.outputs})")
         given = request.inputs
-        wire_key = None
+        wire_key = digest = None
+        checked = None
         if request.wire is not None:
             runner = self.runners[spec.name]
-            wire_key = runner.wire_key(request.wire) if self.tier == "single" else None
-            if wire_key is not None:
-                start = time.perf_counter()
-                hit = runner.known_hit(wire_key)
-                if hit is not None:
-                    metrics.WIRE_HITS.labels(spec.name).inc()
-                    self.meters[spec.name].requests("OK", hit.cache).inc()
-                    return self._answered(spec, request, hit, request.wire[0].shape[0], start, None)
-            given = decode_raw_inputs(request.wire)
-        rows, inputs, route, headers = self._place(spec, given, claimed, headers)
+            if self.tier == "single":
+                wire_key = runner.wire_key(request.wire)
+                if wire_key is not None:
+                    start = time.perf_counter()
+                    hit = runner.known_hit(wire_key)
+                    if hit is not None:
+                        metrics.WIRE_HITS.labels(spec.name).inc()
+                        self.meters[spec.name].requests("OK", hit.cache).inc()
+                        return self._answered(spec, request, hit, request.wire[0].shape[0], start, None)
+                checked = check_wire(spec, request.wire, runner.key_inputs)  # None: the general path says what is off
+            if checked is None:
+                given = decode_raw_inputs(request.wire)
+        if checked is not None:
+            rows, inputs, digest = checked
+            route = None
+        else:
+            rows, inputs, route, headers = self._place(spec, given, claimed, headers)
         try:
             permit = self.admission.acquire(spec.name, request.priority)
         except MeshserveError:
@@ -305,7 +318,9 @@ class GatewayHandler:
             self.meters[spec.name].requests("RESOURCE_EXHAUSTED", "none").inc()
             raise
         start = time.perf_counter()
-        answer = await self._run(spec, inputs, rows, permit, start, caller_remaining_s, headers, route, wire_key)
+        answer = await self._run(
+            spec, inputs, rows, permit, start, caller_remaining_s, headers, route, (wire_key, digest)
+        )
         return self._answered(spec, request, answer, rows, start, route)
 
     def _answered(
@@ -344,14 +359,15 @@ class GatewayHandler:
         caller_remaining_s: float | None,
         headers: Headers,
         route: Route | None = None,
-        wire_key: bytes | None = None,
+        known: tuple[bytes | None, bytes | None] = (None, None),
     ) -> Answer:
-        """The runner's answer, the permit released with what it says about load, every outcome counted."""
+        """The runner's answer, the permit released with what it says about load, every outcome counted; `known`:
+        the request's wire digest and request digest when the handler has them."""
         code = "OK"
         cache = "none"
         try:
             deadline = Deadline(spec.timeouts.total_ms / 1000.0, caller_remaining_s)
-            answer = await self.runners[spec.name].run(inputs, rows, deadline, headers, route, wire_key)
+            answer = await self.runners[spec.name].run(inputs, rows, deadline, headers, route, *known)
             cache = answer.cache
             # Only whole answers that did work are latency samples: a hit or a fast degraded answer (Redis down) is
             # not the pipeline's latency, and would pull the baseline down. Only an overloaded dependency is a

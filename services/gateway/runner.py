@@ -142,9 +142,7 @@ class PipelineRunner:
         self.key_inputs = spec.cache.key_inputs or [i.name for i in spec.inputs]
         # The fast path (`known_hit`) needs a near cache and a key of every input: a wire digest then stands for a
         # request that passed every check before.
-        self._by_wire = (
-            self.near is not None and spec.cache.enabled and set(self.key_inputs) == {i.name for i in spec.inputs}
-        )
+        self._by_wire = self.near is not None and spec.cache.enabled and len(set(self.key_inputs)) == len(spec.inputs)
         self._known: dict[bytes, bytes] = {}  # wire digest -> request digest, oldest first
         self._flights: SingleFlight[Answer] = SingleFlight()
         self._waiting: dict[bytes, _Flight] = {}  # flight key -> its callers and task
@@ -210,12 +208,15 @@ class PipelineRunner:
         headers: Headers,
         route: Route | None = None,
         wire_key: bytes | None = None,
+        digest: bytes | None = None,
     ) -> Answer:
         """The answer to one request (inputs checked against the pipeline); identical concurrent requests share
         one computation, cancelled when every one of them is. `route` (an edge-tier gateway's): where the request
         is answered; one routed to the cloud skips this tier's caches. `wire_key` (from `wire_key`): the request's
-        wire digest, remembered with its request digest for the fast path."""
-        digest = request_digest({name: inputs[name] for name in self.key_inputs})
+        wire digest, remembered with its request digest for the fast path; `digest`: the request digest of its key
+        inputs when the caller has it already (`check_wire`)."""
+        if digest is None:
+            digest = request_digest({name: inputs[name] for name in self.key_inputs})
         if wire_key is not None and self._by_wire:
             self._remember(wire_key, digest)
         remote = route is not None and route.tier == "cloud" and self._cloud_calls is not None

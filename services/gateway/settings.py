@@ -33,8 +33,15 @@ class GatewaySettings(ServiceSettings):
     scaler_address: str = Field(
         "",
         description="Scaler service (services/scaler), host:port or unix:/abs/path: the gateway streams its demand "
-        "there (model calls in flight and requests parked, per model and subset) on every change and every second; "
+        "there (model calls in flight and requests parked, per model and subset) on a change and every second; "
         "empty: no reporting.",
+    )
+    demand_interval_s: float = Field(
+        0.1,
+        gt=0,
+        description="Shortest time between two demand reports to the scaler: changes in between go in the next one "
+        "(each carries the most calls in flight since the previous); under load a report goes every interval. The "
+        "local autoscaler reads the demand every 0.5 s.",
     )
     public_models: list[str] = Field(
         default_factory=list,

@@ -321,3 +321,17 @@ def test_report_without_cpu_cells_prints_what_it_printed_before(capsys: pytest.C
     stack.report({1: perf(100.0, 10.0)}, {1: perf(2000.0, 0.5)}, [], "python -m bench.stack", True, 0.0)
 
     assert "CPU ms per request" not in capsys.readouterr().out
+
+
+def test_the_cost_targets_read_the_all_miss_c32_cell_and_the_c1_p50() -> None:
+    cells = [cpu_cell(stack.ZIPF, 32, 0.5), cpu_cell(stack.ALL_MISS, 32, 2.0)]  # 2.0 ms a request, 0.8 in the gateway
+
+    checks = {t.name: t for t in stack.cost_targets({1: perf(120, 4.2)}, cells)}
+
+    total, gateway, p50 = (
+        checks[f"target.{n}"] for n in ("all_miss_c32_total_cpu_ms", "all_miss_c32_gateway_cpu_ms", "c1_p50_ms")
+    )
+    assert (total.value, total.verdict) == (pytest.approx(2.0), "FAIL")
+    assert (gateway.value, gateway.verdict) == (pytest.approx(0.8), "FAIL")
+    assert (p50.value, p50.verdict) == (pytest.approx(4.2), "PASS")
+    assert all(t.verdict == "n/a" for t in stack.cost_targets({}, [cells[0]]))  # no all-miss c=32 cell, no c=1 run
