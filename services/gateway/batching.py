@@ -33,11 +33,13 @@ from opentelemetry import trace
 from services.common import recording
 from services.common.errors import DeadlineExceeded
 from services.common.loop_idle import idle_hooks
+from services.common.recording.spans import DEFAULT_CURRENT
 from services.gateway import metrics
 
 T = TypeVar("T")  # what one caller hands the stage
 R = TypeVar("R")  # what it gets back
-tracer = trace.get_tracer("meshserve.gateway")
+SCOPE = "meshserve.gateway"
+tracer = trace.get_tracer(SCOPE)
 
 # One downstream call for a batch: the members' items, the call's timeout and its lane key -> one result or
 # exception per member, in order. Raising fails every member with that error.
@@ -306,15 +308,34 @@ class StageBatcher(Generic[T, R]):
         first member is neither sampled nor recorded, no span, but the hop still carries that member's (unsampled)
         context."""
         first = members[0]
-        if not first.trace_flags.sampled and recording.recorder() is None:
+        recorder = recording.recorder()
+        if not first.trace_flags.sampled and recorder is None:
             return trace.use_span(trace.NonRecordingSpan(first))
         links = [trace.Link(m, {"batch.index": i}) for i, m in enumerate(members) if m.is_valid]
+        attributes = {"batch.members": len(members), "batch.rows": rows}
+        if recorder is not None and first.is_valid:  # what the tracer would make, without its layers of calls
+            span = recording.RecordedSpan(
+                recorder,
+                SCOPE,
+                self.span_name,
+                first.trace_id,
+                first.span_id,
+                int(first.trace_flags),
+                first.trace_state,
+                trace.SpanKind.CLIENT,
+                time.time_ns(),
+                attributes,
+                links,
+                first.is_remote,
+            )
+            span._current = DEFAULT_CURRENT
+            return span
         return tracer.start_as_current_span(
             self.span_name,
             context=trace.set_span_in_context(trace.NonRecordingSpan(first)),
             kind=trace.SpanKind.CLIENT,
             links=links,
-            attributes={"batch.members": len(members), "batch.rows": rows},
+            attributes=attributes,
         )
 
     async def drain(self, timeout_s: float = 2.0) -> None:

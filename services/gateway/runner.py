@@ -221,7 +221,8 @@ class PipelineRunner:
             self._remember(wire_key, digest)
         remote = route is not None and route.tier == "cloud" and self._cloud_calls is not None
         flight_key = digest if route is None else digest + f"|{route.tier}|{route.data_class}".encode()
-        near = None if remote else self._near_hit(digest)
+        keys = None if remote or not self.spec.cache.enabled else self._cache_keys(digest)  # once per request
+        near = None if keys is None else self._near_hit(digest, keys)
         if near is not None:  # answered from the gateway's own memory: no task, no flight
             return near
         if flight_key in self._flights:
@@ -230,7 +231,8 @@ class PipelineRunner:
         flight.callers += 1
         try:
             return await self._flights.do(
-                flight_key, lambda: flight.run(self._answer(inputs, digest, rows, deadline, headers, route, remote))
+                flight_key,
+                lambda: flight.run(self._answer(inputs, digest, rows, deadline, headers, route, remote, keys)),
             )
         except asyncio.CancelledError:
             if flight.callers == 1:  # the last caller left: nobody wants the answer (a parked one leaves its queue)
@@ -255,13 +257,14 @@ class PipelineRunner:
         versions = [model.version] if model.version else self.versions.current(model.name)
         return [(v, versioned_key(self.spec.name, model.name, v, digest)) for v in versions]
 
-    def _near_hit(self, digest: bytes) -> Answer | None:
-        """A fresh answer from the near cache, for the newest serving version that has one."""
+    def _near_hit(self, digest: bytes, keys: list[tuple[str, bytes]] | None = None) -> Answer | None:
+        """A fresh answer from the near cache, for the newest serving version that has one (`keys`: the digest's
+        cache keys, when the caller has them)."""
         if self.near is None or not self.spec.cache.enabled:
             return None
         start = time.perf_counter()
         now = time.time()
-        for _, key in self._cache_keys(digest):
+        for _, key in self._cache_keys(digest) if keys is None else keys:
             entry = self.near.get(key, now)
             if entry is not None and entry.fresh(now):
                 hit = CachedValue(entry.value, entry.model_version, now - entry.stored_at, False)
@@ -409,21 +412,29 @@ class PipelineRunner:
         headers: Headers,
         route: Route | None,
         remote: bool,
+        keys: list[tuple[str, bytes]] | None = None,
     ) -> Answer:
-        """The answer at the tier `route` names: the cloud's (this tier's when it fails), or this tier's."""
+        """The answer at the tier `route` names: the cloud's (this tier's when it fails), or this tier's (`keys`: the
+        request's cache keys, when known)."""
         if remote and route is not None:
             return await self._compute_remote(inputs, rows, deadline, headers, route)
-        return await self._compute(inputs, digest, rows, deadline, headers)
+        return await self._compute(inputs, digest, rows, deadline, headers, keys)
 
     async def _compute(
-        self, inputs: Mapping[str, np.ndarray], digest: bytes, rows: int, deadline: Deadline, headers: Headers
+        self,
+        inputs: Mapping[str, np.ndarray],
+        digest: bytes,
+        rows: int,
+        deadline: Deadline,
+        headers: Headers,
+        keys: list[tuple[str, bytes]] | None = None,
     ) -> Answer:
         """The answer to one request: the cache's, else the model's on the request's features (or, when a call
         fails, the first remedy's that can answer)."""
         t0 = time.perf_counter()
         stages: dict[str, float] = {}
         shared: dict[str, int] = {}  # stage -> requests its batched call served
-        keys = self._cache_keys(digest)
+        keys = self._cache_keys(digest) if keys is None else keys
         generation = self.near.generation if self.near is not None else 0
         fresh, stale = await self._lookup(keys, deadline, stages, headers, generation, shared)
         if fresh is not None:

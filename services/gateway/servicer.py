@@ -7,7 +7,7 @@ import grpc
 
 from services.gateway import converters
 from services.gateway.handler import GatewayHandler
-from services.gateway.upstream import outgoing_headers
+from services.gateway.upstream import outgoing_headers, passed_headers
 from services.protos import inference_pb2 as pb
 from services.protos import inference_pb2_grpc as pb_grpc
 
@@ -70,11 +70,12 @@ class GatewayServicer(pb_grpc.GRPCInferenceServiceServicer):
         self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext
     ) -> pb.ModelInferResponse:
         remaining = context.time_remaining()
-        headers = outgoing_headers(context.invocation_metadata())
+        metadata = context.invocation_metadata()
         priority = converters.priority_of(request)
-        claimed = self.handler.claimed(context.invocation_metadata())  # a cloud tier refuses sensitive here
+        claimed = self.handler.claimed(metadata)  # a cloud tier refuses sensitive here
         if not self.handler.has_pipeline(request.model_name):
-            return await self.forwarder.model_infer(request, priority, remaining, headers)
+            return await self.forwarder.model_infer(request, priority, remaining, outgoing_headers(metadata))
+        headers = passed_headers(metadata)  # each hop of the pipeline carries its own span's context
         pipeline_request = converters.infer_request_from_pb(request, priority)
         response = await self.handler.infer(pipeline_request, remaining, headers, claimed)
         return converters.infer_response_to_pb(response)

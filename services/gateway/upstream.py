@@ -157,6 +157,12 @@ class Upstreams:
             await channel.close()
 
 
+def passed_headers(incoming: Sequence[tuple[str, str | bytes]] | None) -> tuple[tuple[str, str], ...]:
+    """The incoming headers passed on to the next hops, as they came: a pipeline's hops each add their own span's
+    trace context (services/gateway/joins.py), so none is added here."""
+    return tuple((k, v) for k, v in (incoming or ()) if k in PASSED_HEADERS and isinstance(v, str))
+
+
 def outgoing_headers(incoming: Sequence[tuple[str, str | bytes]] | None) -> tuple[tuple[str, str], ...]:
     """Headers for the next hop: the passed-through ones, then the current span's trace context (if tracing)."""
     carrier = {k: v for k, v in (incoming or ()) if k in PASSED_HEADERS and isinstance(v, str)}
