@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import TypeVar
 
 import grpc
@@ -18,7 +18,6 @@ from services.cache.api import (
     CachedValue,
     Entry,
     L1Cache,
-    SingleFlight,
     StoreItem,
     request_digest,
     versioned_key,
@@ -86,21 +85,34 @@ def stage_batcher(spec: PipelineSpec, stage: str, span: str, call: BatchCall[T, 
     )
 
 
+class _Abandoned(Exception):
+    """A flight's leader was cancelled before it answered: a caller still waiting runs the computation itself."""
+
+
 class _Flight:
-    """One computation that callers share (SingleFlight runs it in a task of its own), cancelled when every caller is:
-    a cancelled caller must not leave an answer nobody waits for holding a parked slot until its deadline."""
+    """One computation that identical concurrent requests share. The first caller (the leader) runs it inline, in
+    its own task; later callers wait for its outcome. A cancelled leader takes the computation with it (so nothing
+    runs on, or stays parked for a cold model, for an answer nobody waits for); a caller still waiting then runs
+    it again as the new leader. The future the others wait on is made only when one joins."""
+
+    __slots__ = ("future",)
 
     def __init__(self) -> None:
-        self.callers = 0
-        self.task: asyncio.Task[Answer] | None = None
+        self.future: asyncio.Future[Answer] | None = None
 
-    async def run(self, compute: Awaitable[Answer]) -> Answer:
-        self.task = asyncio.current_task()
-        return await compute
+    def waiter(self) -> asyncio.Future[Answer]:
+        if self.future is None:
+            self.future = asyncio.get_running_loop().create_future()
+        return self.future
 
-    def cancel(self) -> None:
-        if self.task is not None:
-            self.task.cancel()
+    def answered(self, answer: Answer) -> None:
+        if self.future is not None and not self.future.done():
+            self.future.set_result(answer)
+
+    def failed(self, error: BaseException) -> None:
+        if self.future is not None and not self.future.done():
+            self.future.set_exception(error)
+            self.future.exception()  # retrieved: the callers that still wait raise it; none left is no warning
 
 
 class PipelineRunner:
@@ -144,8 +156,7 @@ class PipelineRunner:
         # request that passed every check before.
         self._by_wire = self.near is not None and spec.cache.enabled and len(set(self.key_inputs)) == len(spec.inputs)
         self._known: dict[bytes, bytes] = {}  # wire digest -> request digest, oldest first
-        self._flights: SingleFlight[Answer] = SingleFlight()
-        self._waiting: dict[bytes, _Flight] = {}  # flight key -> its callers and task
+        self._waiting: dict[bytes, _Flight] = {}  # flight key -> the computation identical requests share
         timeouts = spec.timeouts
         self._budgets = {
             "cache": timeouts.budget(timeouts.cache_ms),
@@ -211,7 +222,8 @@ class PipelineRunner:
         digest: bytes | None = None,
     ) -> Answer:
         """The answer to one request (inputs checked against the pipeline); identical concurrent requests share
-        one computation, cancelled when every one of them is. `route` (an edge-tier gateway's): where the request
+        one computation (`_Flight`: run by the first, run again by one still waiting if the first is
+        cancelled). `route` (an edge-tier gateway's): where the request
         is answered; one routed to the cloud skips this tier's caches. `wire_key` (from `wire_key`): the request's
         wire digest, remembered with its request digest for the fast path; `digest`: the request digest of its key
         inputs when the caller has it already (`check_wire`)."""
@@ -225,23 +237,28 @@ class PipelineRunner:
         near = None if keys is None else self._near_hit(digest, keys)
         if near is not None:  # answered from the gateway's own memory: no task, no flight
             return near
-        if flight_key in self._flights:
+        joined = self._waiting.get(flight_key)
+        if joined is not None:
             metrics.COALESCED.labels(self.spec.name).inc()
-        flight = self._waiting.setdefault(flight_key, _Flight())
-        flight.callers += 1
+        while joined is not None:
+            try:
+                return await asyncio.shield(joined.waiter())  # this caller's cancellation is its own
+            except _Abandoned:  # its leader was cancelled: run it here, or join whoever did first
+                joined = self._waiting.get(flight_key)
+        flight = self._waiting[flight_key] = _Flight()
         try:
-            return await self._flights.do(
-                flight_key,
-                lambda: flight.run(self._answer(inputs, digest, rows, deadline, headers, route, remote, keys)),
-            )
+            answer = await self._answer(inputs, digest, rows, deadline, headers, route, remote, keys)
         except asyncio.CancelledError:
-            if flight.callers == 1:  # the last caller left: nobody wants the answer (a parked one leaves its queue)
-                flight.cancel()
+            flight.failed(_Abandoned())
+            raise
+        except BaseException as exc:
+            flight.failed(exc)
             raise
         finally:
-            flight.callers -= 1
-            if not flight.callers and self._waiting.get(flight_key) is flight:
+            if self._waiting.get(flight_key) is flight:
                 del self._waiting[flight_key]
+        flight.answered(answer)
+        return answer
 
     # -- stages --------------------------------------------------------------------------------------------
 

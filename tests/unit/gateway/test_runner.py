@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from services.cache.api import CachedValue, L1Cache
-from services.common.errors import MeshserveError, error_with_code
+from services.common.errors import InvalidArgument, MeshserveError, error_with_code
 from services.gateway.degradation import (
     MODEL_FAILURES,
     default_answer,
@@ -114,6 +114,40 @@ async def test_identical_concurrent_requests_share_one_computation() -> None:
     assert a is b
     # one row for "same", one for "other" (micro-batched into one call)
     assert sum(call[0].shape[0] for call in rig.model.inputs) == 2
+
+
+async def test_a_cancelled_leader_leaves_the_waiting_caller_an_answer_computed_again() -> None:
+    rig = Rig()
+    rig.model.gate = asyncio.Event()
+    leader = asyncio.ensure_future(rig.run(user="same"))
+    await asyncio.sleep(0.01)  # the leader's model call is in flight
+    follower = asyncio.ensure_future(rig.run(user="same"))
+    await asyncio.sleep(0.01)
+    leader.cancel()
+    await asyncio.sleep(0.01)  # the follower runs it again itself
+    rig.model.gate.set()
+    answer = await follower
+    assert leader.cancelled()
+    assert (answer.cache, answer.degraded) == ("miss", None) and scores(answer.outputs[0]) == [pytest.approx(0.9)]
+    assert rig.log.count(MODEL) == 2  # the cancelled leader's call, then the follower's own
+
+
+async def test_a_cancelled_follower_leaves_the_leader_alone_and_an_error_reaches_every_caller() -> None:
+    rig = Rig()
+    rig.model.gate = asyncio.Event()
+    leader = asyncio.ensure_future(rig.run(user="same"))
+    follower = asyncio.ensure_future(rig.run(user="same"))
+    other = asyncio.ensure_future(rig.run(user="same"))
+    await asyncio.sleep(0.01)
+    follower.cancel()
+    await asyncio.sleep(0.01)
+    rig.model.gate.set()
+    a, c = await asyncio.gather(leader, other)
+    assert follower.cancelled() and a is c and rig.log.count(MODEL) == 1
+
+    rig.features.error = InvalidArgument("bad row")  # the shared computation's error, raised to each caller
+    results = await asyncio.gather(rig.run(user="again"), rig.run(user="again"), return_exceptions=True)
+    assert [type(r) for r in results] == [InvalidArgument, InvalidArgument] and results[0] is results[1]
 
 
 async def test_a_model_answer_without_a_pipeline_output_is_unavailable() -> None:
