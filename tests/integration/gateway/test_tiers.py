@@ -7,7 +7,6 @@ general request is answered edge_only; with the edge model killed, sensitive req
 
 from __future__ import annotations
 
-import shutil
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -16,11 +15,11 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
-import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from services.protos import inference_pb2 as pb
 from services.protos import inference_pb2_grpc as pb_grpc
+from tests.helpers.pipelines import fraud_repository, roomy_pipelines
 from tests.helpers.servers import (
     ROOT,
     ServiceProcess,
@@ -50,20 +49,18 @@ class Tiers:
 def pipelines(folder: Path) -> Path:
     """The shipped pipelines, fraud's stage limits roomy for a busy test machine (its placement as shipped, but the
     cloud's time limit, so that only a killed cloud, not a slow one, answers edge_only)."""
-    shutil.copytree(ROOT / "pipelines", folder)
-    spec = yaml.safe_load((folder / "fraud.yaml").read_text())
-    spec["timeouts"] = {"total_ms": 20000, "cache_ms": 2000, "features_ms": 5000, "model_ms": 5000, "adaptive": False}
-    spec["placement"]["cloud_timeout_ms"] = 5000
-    (folder / "fraud.yaml").write_text(yaml.safe_dump(spec))
+
+    def cloud_timeout(spec: dict) -> None:
+        spec["placement"]["cloud_timeout_ms"] = 5000
+
+    roomy_pipelines(folder, cloud_timeout)
     return folder
 
 
 @pytest.fixture(scope="module")
 def tiers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tiers]:
     root = tmp_path_factory.mktemp("tiers")
-    repo = root / "repo"
-    repo.mkdir()
-    (repo / "fraud_mlp").symlink_to(ROOT / "models" / "fraud_mlp")
+    repo = fraud_repository(root)
     folder = pipelines(root / "pipelines")
     token = root / "cloud-token"
     token.write_text(TOKEN + "\n")

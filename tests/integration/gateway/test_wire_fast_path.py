@@ -8,7 +8,6 @@ refused INVALID_ARGUMENT as before."""
 
 from __future__ import annotations
 
-import shutil
 import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -17,11 +16,11 @@ from dataclasses import dataclass
 import grpc
 import numpy as np
 import pytest
-import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from services.protos import inference_pb2 as pb
 from services.protos import inference_pb2_grpc as pb_grpc
+from tests.helpers.pipelines import fraud_repository, roomy_pipelines
 from tests.helpers.servers import ROOT, ServiceProcess, cache_service, feature_service, gateway_service, model_service
 
 pytestmark = pytest.mark.skipif(
@@ -41,14 +40,8 @@ class Stack:
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     root = tmp_path_factory.mktemp("wire")
-    repo = root / "repo"
-    repo.mkdir()
-    (repo / "fraud_mlp").symlink_to(ROOT / "models" / "fraud_mlp")
-    folder = root / "pipelines"
-    shutil.copytree(ROOT / "pipelines", folder)
-    spec = yaml.safe_load((folder / "fraud.yaml").read_text())  # roomy stage limits for a busy test machine
-    spec["timeouts"] = {"total_ms": 20000, "cache_ms": 2000, "features_ms": 5000, "model_ms": 5000, "adaptive": False}
-    (folder / "fraud.yaml").write_text(yaml.safe_dump(spec))
+    repo = fraud_repository(root)
+    folder = roomy_pipelines(root / "pipelines")
     logs = root / "logs"
     with (
         model_service(repo, logs, MESHSERVE_MODEL_WATCH="false") as model,
